@@ -1,0 +1,303 @@
+"""Tests of jsfl.partitions (SPEC 1.1)."""
+
+import numpy as np
+import pytest
+
+from jsfl import partitions as P
+from jsfl.partitions import dirichlet as dirichlet_mod
+from jsfl.partitions import exdir as exdir_mod
+
+L = 10
+
+
+def balanced_labels(per_class=200, num_classes=L, seed=0):
+  y = np.repeat(np.arange(num_classes), per_class)
+  return np.random.default_rng(seed).permutation(y)
+
+
+Y = balanced_labels()  # N = 2000
+N = len(Y)
+
+# (name, options, K) of one valid request per method.
+CASES = [
+    ("iid", {}, 7),
+    ("dirichlet", {"alpha": 0.5}, 20),
+    ("dirichlet", {"alpha": 0.3, "self_balancing": True}, 20),
+    ("dominant_label", {"p": 0.8}, 20),
+    ("sharding", {"p": 0.8}, 10),
+    ("exdir", {"classes_per_client": 2, "alpha": 0.5}, 20),
+]
+
+
+def assert_disjoint_cover(parts, n):
+  flat = np.concatenate(parts)
+  assert flat.dtype == np.int64
+  assert len(flat) == n
+  np.testing.assert_array_equal(np.sort(flat), np.arange(n))
+  for p in parts:
+    assert np.all(np.diff(p) > 0)  # sorted, no duplicates
+
+
+@pytest.mark.parametrize("name,opts,k", CASES)
+def test_disjoint_full_coverage_and_determinism(name, opts, k):
+  parts = P.make_partition(name, Y, k, seed=3, **opts)
+  assert len(parts) == k
+  assert_disjoint_cover(parts, N)
+  again = P.make_partition(name, Y, k, seed=3, **opts)
+  for a, b in zip(parts, again):
+    np.testing.assert_array_equal(a, b)
+  other = P.make_partition(name, Y, k, seed=4, **opts)
+  assert any(len(a) != len(b) or np.any(a != b) for a, b in zip(parts, other))
+
+
+def test_iid_sizes_and_mixing():
+  parts = P.make_partition("iid", Y, 7, seed=0)
+  sizes = [len(p) for p in parts]
+  assert max(sizes) - min(sizes) <= 1 and sum(sizes) == N
+  counts = P.label_counts(parts, Y, L)
+  # ~286 samples per client, ~29 per class: every class present everywhere.
+  assert counts.min() > 5
+
+
+@pytest.mark.parametrize("phi", [1, 2])
+def test_dominant_label_fraction_and_mapping(phi):
+  p = 0.8
+  k = L * phi
+  parts = P.make_partition("dominant_label", Y, k, seed=1, p=p, phi=phi)
+  assert_disjoint_cover(parts, N)
+  counts = P.label_counts(parts, Y, L)
+  sizes = counts.sum(1)
+  np.testing.assert_allclose(sizes, N / k, atol=L)
+  expected = np.arange(k) // phi  # label l dominant at l*phi..l*phi+phi-1
+  np.testing.assert_array_equal(P.dominant_labels(counts), expected)
+  frac = counts[np.arange(k), expected] / sizes
+  np.testing.assert_allclose(frac, p, atol=0.01)
+  # The (1 - p) rest is spread evenly: every non-dominant label is present.
+  others = np.delete(counts, expected + L * np.arange(k))  # flat row-major
+  assert others.min() >= np.floor((1 - p) * 200 / (k - phi))
+
+
+def test_dominant_label_p_one_is_pathological():
+  parts = P.make_partition("dominant_label", Y, 20, seed=0, p=1.0)
+  counts = P.label_counts(parts, Y, L)
+  assert np.all((counts > 0).sum(1) == 1)
+  np.testing.assert_array_equal(counts.sum(1), 100)
+
+
+@pytest.mark.parametrize("phi", [1, 2])
+def test_sharding_dominant_labels_c_and_c_plus_one(phi):
+  p = 0.8
+  k = L * phi
+  parts = P.make_partition("sharding", Y, k, seed=2, p=p, phi=phi)
+  assert_disjoint_cover(parts, N)
+  counts = P.label_counts(parts, Y, L)
+  sizes = counts.sum(1)
+  np.testing.assert_allclose(sizes, N / k, atol=L)
+  g = np.arange(k) // phi
+  top2 = np.sort(np.argsort(-counts, axis=1, kind="stable")[:, :2], axis=1)
+  np.testing.assert_array_equal(top2, np.sort(np.stack([g, (g + 1) % L], 1), 1))
+  for lab in (g, (g + 1) % L):
+    np.testing.assert_allclose(counts[np.arange(k), lab] / sizes, p / 2,
+                               atol=0.01)
+
+
+def test_sharding_three_labels_per_client():
+  parts = P.make_partition("sharding", Y, L, seed=0, p=0.9,
+                           labels_per_client=3)
+  counts = P.label_counts(parts, Y, L)
+  c = np.arange(L)
+  dom = np.stack([c, (c + 1) % L, (c + 2) % L], 1)
+  np.testing.assert_allclose(
+      np.take_along_axis(counts, dom, 1) / counts.sum(1, keepdims=True),
+      0.3, atol=0.01)
+
+
+def test_exdir_class_sets_rule():
+  rng = np.random.default_rng(0)
+  held = exdir_mod.class_sets(50, L, 2, rng)
+  assert held.shape == (50, L) and held.dtype == bool
+  np.testing.assert_array_equal(held.sum(1), 2)
+  assert held.sum(0).min() >= exdir_mod.min_holders(50, L, 2) == 2
+
+
+@pytest.mark.parametrize("alpha", [0.5, 10.0])
+def test_exdir_classes_and_min_size(alpha):
+  k, c_cls, seed = 40, 2, 5
+  parts = P.make_partition("exdir", Y, k, seed=seed, classes_per_client=c_cls,
+                           alpha=alpha)
+  assert_disjoint_cover(parts, N)
+  counts = P.label_counts(parts, Y, L)
+  assert counts.sum(1).min() >= 10
+  # make_partition draws the class sets first from default_rng(seed).
+  held = exdir_mod.class_sets(k, L, c_cls, np.random.default_rng(seed))
+  assert not np.any((counts > 0) & ~held)
+  n_cls = (counts > 0).sum(1)
+  assert n_cls.max() <= c_cls
+  if alpha == 10.0:
+    # Fewer than C_cls only by a capped holder or a floored share: rare here.
+    assert np.mean(n_cls == c_cls) >= 0.8
+
+
+def test_exdir_class_shares_cap_and_fallback():
+  q = np.array([0.1, 0.2, 0.3, 0.4])
+  holders = np.array([True, True, False, True])
+  sizes = np.array([0, 50, 0, 0])
+  shares = exdir_mod.class_shares(q, holders, sizes, cap=50.0)
+  np.testing.assert_allclose(shares, [0.2, 0.0, 0.0, 0.8])
+  # Every holder capped: uniform over the holders, never NaN.
+  shares = exdir_mod.class_shares(q, holders, np.full(4, 60), cap=50.0)
+  np.testing.assert_allclose(shares, [1 / 3, 1 / 3, 0.0, 1 / 3])
+
+
+def test_split_counts_floor_and_remainder():
+  counts = dirichlet_mod.split_counts(np.array([0.25, 0.25, 0.5]), 10)
+  np.testing.assert_array_equal(counts, [2, 3, 5])
+  counts = dirichlet_mod.split_counts(np.array([1 / 3] * 3), 10)
+  np.testing.assert_array_equal(counts, [3, 3, 4])
+  # A sum just below 1 must not leak the remainder to a zero-share client.
+  counts = dirichlet_mod.split_counts(np.array([0.1, 0.2, 0.7 - 1e-12, 0]), 10)
+  np.testing.assert_array_equal(counts, [1, 2, 7, 0])
+
+
+def test_dirichlet_min_size_and_heterogeneity():
+  parts = P.make_partition("dirichlet", Y, 20, seed=0, alpha=0.1, min_size=25)
+  sizes = np.array([len(p) for p in parts])
+  assert sizes.min() >= 25
+  counts = P.label_counts(parts, Y, L)
+  # alpha = 0.1 concentrates each class on few clients.
+  assert np.mean(counts == 0) > 0.3
+  iid_counts = P.label_counts(P.make_partition("iid", Y, 20, seed=0), Y, L)
+  assert np.mean(iid_counts == 0) < 0.05
+
+
+def test_dirichlet_self_balancing_caps_clients():
+  k = 20
+  parts = P.make_partition("dirichlet", Y, k, seed=1, alpha=0.2,
+                           self_balancing=True)
+  counts = P.label_counts(parts, Y, L)
+  cum = np.cumsum(counts, axis=1)
+  # Once above N/K after class l, a client gets nothing of classes > l.
+  after_cap = np.zeros_like(counts, dtype=bool)
+  after_cap[:, 1:] = cum[:, :-1] > N / k
+  assert after_cap.any()
+  assert np.all(counts[after_cap] == 0)
+
+
+def test_natural_partition():
+  ids = np.array([7, 3, 7, 9, 3, 3, 9, 7])
+  y = np.zeros(8, dtype=np.int64)
+  parts = P.make_partition("natural", y, 3, seed=0, client_ids=ids)
+  expected = [[1, 4, 5], [0, 2, 7], [3, 6]]  # ids 3, 7, 9
+  for p, e in zip(parts, expected):
+    np.testing.assert_array_equal(p, e)
+  sub = P.make_partition("natural", y, 2, seed=0, client_ids=ids)
+  assert len(sub) == 2
+  flat = np.concatenate(sub)
+  assert len(np.unique(flat)) == len(flat) and len(np.unique(ids[flat])) == 2
+  for p in sub:
+    assert len(np.unique(ids[p])) == 1
+    np.testing.assert_array_equal(p, np.flatnonzero(ids == ids[p[0]]))
+
+
+def test_label_counts_dominant_labels_index_table():
+  y = np.array([0, 1, 1, 2, 2, 2, 0])
+  parts = [np.array([0, 1, 2]), np.array([3, 4, 5, 6]), np.array([], np.int64)]
+  counts = P.label_counts(parts, y, 4)
+  assert counts.dtype == np.int64
+  np.testing.assert_array_equal(counts, [[1, 2, 0, 0], [1, 0, 3, 0],
+                                         [0, 0, 0, 0]])
+  np.testing.assert_array_equal(P.dominant_labels(counts), [1, 2, 0])
+  np.testing.assert_array_equal(P.dominant_labels([[2, 2, 1]]), [0])  # tie
+  table, mask, sizes = P.index_table(parts)
+  assert table.dtype == np.int32 and mask.dtype == bool
+  assert sizes.dtype == np.int32
+  np.testing.assert_array_equal(table, [[0, 1, 2, 0], [3, 4, 5, 6],
+                                        [0, 0, 0, 0]])
+  np.testing.assert_array_equal(mask, [[1, 1, 1, 0], [1, 1, 1, 1],
+                                       [0, 0, 0, 0]])
+  np.testing.assert_array_equal(sizes, [3, 4, 0])
+
+
+def test_partitions_registry_defaults_are_used():
+  assert set(P.PARTITIONS) == {"iid", "dirichlet", "dominant_label",
+                               "sharding", "exdir", "natural"}
+  a = P.make_partition("dominant_label", Y, 10, seed=0)
+  b = P.make_partition("dominant_label", Y, 10, seed=0, p=0.8, phi=1)
+  for x, z in zip(a, b):
+    np.testing.assert_array_equal(x, z)
+
+
+@pytest.mark.parametrize("name,labels,k,opts,match", [
+    ("bogus", Y, 10, {}, r"partition='bogus'; allowed: dirichlet"),
+    ("iid", Y, 10, {"alpha": 1.0},
+     r"unknown option\(s\) alpha .*allowed: none"),
+    ("dirichlet", Y, 10, {"beta": 1.0},
+     r"unknown option\(s\) beta .*allowed: alpha, min_size, self_balancing"),
+    ("dirichlet", Y, 10, {"alpha": "big"}, r"dirichlet.alpha='big'"),
+    ("dirichlet", Y, 10, {"min_size": 2.5}, r"dirichlet.min_size=2.5"),
+    ("dirichlet", Y, 10, {"self_balancing": 1}, r"self_balancing=1"),
+    ("iid", Y, N + 1, {}, r"num_clients=2001 but there are only 2000 samples"),
+    ("iid", Y, 0, {}, r"num_clients=0; allowed: an int >= 1"),
+    ("dominant_label", Y, 10, {"p": 0.0}, r"dominant_label.p=0.0; allowed"),
+    ("dominant_label", Y, 10, {"p": 1.5},
+     r"p=1.5; allowed: a float in \(0, 1\]"),
+    ("sharding", Y, 10, {"p": -0.1}, r"sharding.p=-0.1"),
+    ("dominant_label", Y, 20, {"phi": 3},
+     r"phi=3 with num_classes=10 needs num_clients=30, got num_clients=20"),
+    ("dominant_label", Y, 15, {}, r"num_clients=15 is not a multiple of"),
+    ("dominant_label", Y, 10, {"phi": 0}, r"phi=0; allowed: an int >= 1"),
+    ("dominant_label", np.zeros(50, np.int64), 1, {}, r"num_classes=1"),
+    ("sharding", Y, 10, {"labels_per_client": 10},
+     r"labels_per_client=10; allowed: an int in \[1, 9\]"),
+    ("dirichlet", Y, 10, {"alpha": 0.0}, r"dirichlet.alpha=0.0; allowed"),
+    ("dirichlet", Y, 10, {"min_size": -1}, r"min_size=-1"),
+    ("dirichlet", Y, 100, {"min_size": 30},
+     r"needs at least 3000 samples, got 2000"),
+    ("exdir", Y, 10, {"alpha": -1.0}, r"exdir.alpha=-1.0; allowed"),
+    ("exdir", Y, 10, {"classes_per_client": 11},
+     r"classes_per_client=11; allowed: an int in \[1, num_classes=10\]"),
+    ("exdir", Y, 10, {"classes_per_client": 0}, r"classes_per_client=0"),
+    ("exdir", Y, 4, {"classes_per_client": 2},
+     r"gives 8 class slots, fewer than num_classes=10"),
+    ("exdir", Y, 201, {}, r"allowed: num_clients <= 200"),
+    ("natural", Y, 10, {}, r"no natural client ids"),
+    ("iid", Y.astype(float), 10, {}, r"allowed: a 1-D integer array"),
+    ("iid", Y - 1, 10, {}, r"labels contain -1"),
+])
+def test_impossible_requests_raise(name, labels, k, opts, match):
+  with pytest.raises(ValueError, match=match):
+    P.make_partition(name, labels, k, seed=0, **opts)
+
+
+def test_other_bad_inputs_raise():
+  with pytest.raises(ValueError, match=r"labels contain 9 but num_classes=5"):
+    P.make_partition("iid", Y, 10, seed=0, num_classes=5)
+  with pytest.raises(ValueError, match=r"seed=-1; allowed"):
+    P.make_partition("iid", Y, 10, seed=-1)
+  with pytest.raises(ValueError, match=r"only 3 distinct client ids"):
+    P.make_partition("natural", np.zeros(6, np.int64), 4, seed=0,
+                     client_ids=np.array([0, 0, 1, 1, 2, 2]))
+  with pytest.raises(ValueError, match=r"natural.client_ids has shape \(5,\)"):
+    P.make_partition("natural", np.zeros(6, np.int64), 2, seed=0,
+                     client_ids=np.arange(5))
+  with pytest.raises(ValueError, match=r"parts is empty"):
+    P.index_table([])
+  with pytest.raises(ValueError, match=r"counts has shape \(3,\)"):
+    P.dominant_labels(np.zeros(3))
+
+
+def test_dirichlet_gives_up_with_clear_error():
+  # 10 clients of exactly 20 samples each from a near-degenerate Dirichlet:
+  # no draw can satisfy min_size.
+  y = balanced_labels(per_class=20)
+  with pytest.raises(ValueError,
+                     match=r"no draw in 1000 attempts.*larger alpha"):
+    P.make_partition("dirichlet", y, 10, seed=0, alpha=0.01, min_size=20)
+
+
+def test_exdir_gives_up_with_clear_error():
+  # C_cls = 1 on 20 clients: each class has ~2 holders sharing 20 samples,
+  # and a holder needs >= 10, so alpha = 0.01 almost never splits evenly.
+  y = balanced_labels(per_class=20)
+  with pytest.raises(ValueError, match=r"no split in 1000 attempts"):
+    P.make_partition("exdir", y, 20, seed=0, classes_per_client=1, alpha=0.01)
