@@ -1,0 +1,138 @@
+"""CIFAR-10/100 and SVHN via tensorflow-datasets, or a prepared ``.npz``.
+
+Resolution, first hit wins:
+
+1. ``<data_dir>/<name>.npz`` when ``data_dir`` is given, else
+   ``<cache root>/<name>/<name>.npz``: arrays ``x_train``, ``y_train``,
+   ``x_test``, ``y_test`` (uint8 NHWC or NHW images, integer labels); for
+   CIFAR-100 optionally ``y_train_coarse``/``y_test_coarse``.
+2. ``tensorflow_datasets`` (the ``tfds`` extra, imported only here and only
+   when needed) with ``data_dir`` = the given ``data_dir`` or
+   ``<cache root>/tfds``, downloading there when ``download=True``.
+
+Otherwise :class:`~jsfl.data.idx.DatasetNotFound` says how to fix it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+
+import numpy as np
+
+from jsfl.data.idx import DatasetNotFound, default_cache_root
+
+# jsfl name -> (tfds name, number of classes).
+TFDS_SOURCES = {
+    "cifar10": ("cifar10", 10),
+    "cifar100": ("cifar100", 100),
+    "svhn": ("svhn_cropped", 10),
+}
+
+LABEL_MODES = ("fine", "coarse")
+
+# CIFAR-100 fine label -> superclass (the 20 "coarse" labels of the release,
+# in its alphabetical order), for ``.npz`` files that only carry fine labels.
+CIFAR100_COARSE = np.array([
+    4, 1, 14, 8, 0, 6, 7, 7, 18, 3, 3, 14, 9, 18, 7, 11, 3, 9, 7, 11,
+    6, 11, 5, 10, 7, 6, 13, 15, 3, 15, 0, 11, 1, 10, 12, 14, 16, 9, 11, 5,
+    5, 19, 8, 8, 15, 13, 14, 17, 18, 10, 16, 4, 17, 4, 2, 0, 17, 4, 18, 17,
+    10, 3, 2, 12, 12, 16, 12, 1, 9, 19, 2, 10, 0, 1, 16, 12, 9, 13, 15, 13,
+    16, 19, 2, 4, 6, 19, 5, 5, 8, 19, 18, 1, 2, 15, 6, 0, 17, 8, 14, 13,
+], dtype=np.int32)
+
+
+def _images(x: np.ndarray, source: str) -> np.ndarray:
+  x = np.asarray(x)
+  if x.ndim == 3:
+    x = x[..., None]
+  if x.ndim != 4 or x.dtype != np.uint8:
+    raise ValueError(f"{source}: images {x.dtype}{list(x.shape)}; allowed: "
+                     "uint8 (N, H, W, C) or (N, H, W)")
+  return x
+
+
+def _from_npz(path: pathlib.Path, name: str, label_mode: str
+              ) -> dict[str, np.ndarray]:
+  with np.load(path) as z:
+    needed = ("x_train", "y_train", "x_test", "y_test")
+    missing = [k for k in needed if k not in z.files]
+    if missing:
+      raise ValueError(f"{path}: lacks arrays {missing}; has {z.files}, "
+                       f"needs {list(needed)}")
+    out = {k: np.asarray(z[k]) for k in needed}
+    if name == "cifar100" and label_mode == "coarse":
+      if "y_train_coarse" in z.files and "y_test_coarse" in z.files:
+        out["y_train"] = np.asarray(z["y_train_coarse"])
+        out["y_test"] = np.asarray(z["y_test_coarse"])
+      else:
+        out["y_train"] = CIFAR100_COARSE[out["y_train"].astype(np.int64)]
+        out["y_test"] = CIFAR100_COARSE[out["y_test"].astype(np.int64)]
+  out["x_train"] = _images(out["x_train"], str(path))
+  out["x_test"] = _images(out["x_test"], str(path))
+  return out
+
+
+def _fixes(name: str, npz: pathlib.Path) -> str:
+  return (f"Fix it in one of three ways: (1) pass data_dir=... naming a "
+          f"directory holding {name}.npz (arrays x_train, y_train, x_test, "
+          f"y_test) or a tensorflow-datasets data dir; (2) put {name}.npz at "
+          f"{npz}; (3) `pip install 'jsfl[tfds]'` and allow the download "
+          f"(download=True, online).")
+
+
+def load_tfds_dataset(name: str, *, data_dir=None, cache_dir=None,
+                      download: bool = True, label_mode: str = "fine"
+                      ) -> tuple[dict[str, np.ndarray], int]:
+  """Resolves and reads CIFAR-10, CIFAR-100 or SVHN (cropped digits).
+
+  Args:
+    name: a key of :data:`TFDS_SOURCES`.
+    data_dir: a directory with ``<name>.npz``, or a tfds data dir; or None.
+    cache_dir: the cache root, or None for the default.
+    download: whether tfds may download.
+    label_mode: CIFAR-100 only: ``"fine"`` (100 labels) or ``"coarse"``
+      (the 20 superclasses, as Hydra uses).
+
+  Returns:
+    ``({"x_train": uint8 NHWC, "y_train", "x_test", "y_test"}, num_classes)``.
+
+  Raises:
+    ValueError: unknown name or label_mode, malformed arrays.
+    DatasetNotFound: no ``.npz`` and tfds missing or failing.
+  """
+  if name not in TFDS_SOURCES:
+    raise ValueError(f"tfds dataset {name!r}; allowed: {tuple(TFDS_SOURCES)}")
+  if label_mode not in LABEL_MODES:
+    raise ValueError(f"label_mode={label_mode!r}; allowed: {LABEL_MODES}")
+  tfds_name, num_classes = TFDS_SOURCES[name]
+  if name == "cifar100" and label_mode == "coarse":
+    num_classes = 20
+  cache = default_cache_root(cache_dir)
+  if data_dir is not None:
+    npz = pathlib.Path(data_dir).expanduser() / f"{name}.npz"
+  else:
+    npz = cache / name / f"{name}.npz"
+  if npz.is_file():
+    return _from_npz(npz, name, label_mode), num_classes
+  try:
+    tfds = importlib.import_module("tensorflow_datasets")
+  except ImportError as e:
+    raise DatasetNotFound(
+        f"{name}: no {npz} and tensorflow-datasets is not installed. "
+        + _fixes(name, cache / name / f"{name}.npz")) from e
+  tfds_dir = str(data_dir if data_dir is not None else cache / "tfds")
+  label_key = "coarse_label" if num_classes == 20 else "label"
+  out = {}
+  for split in ("train", "test"):
+    try:
+      d = tfds.as_numpy(tfds.load(tfds_name, split=split, batch_size=-1,
+                                  data_dir=tfds_dir, download=download))
+    except Exception as e:  # tfds raises many types; all mean "not here".
+      raise DatasetNotFound(
+          f"{name}: tensorflow-datasets could not load {tfds_name!r} split "
+          f"{split!r} from {tfds_dir} (download={download}): {e!r}. "
+          + _fixes(name, cache / name / f"{name}.npz")) from e
+    out[f"x_{split}"] = _images(d["image"], f"tfds {tfds_name}")
+    out[f"y_{split}"] = np.asarray(d[label_key])
+  return out, num_classes

@@ -1,0 +1,220 @@
+"""Evaluation metrics of SPEC 1.4: accuracy per label, PG, BW, per position.
+
+Units: every accuracy here -- global, per label, per position -- is in
+percent (0-100), and the performance gap and backward transfer are in
+percentage points.  The per-round metrics (:func:`per_label_accuracy`,
+:func:`performance_gap`, :func:`per_position_accuracy`) are ``jnp`` functions
+with fixed output shapes, so they run inside a jitted evaluation; the
+across-round ones (:func:`backward_transfer`, :func:`summarize`) work on host
+histories.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def per_label_accuracy(pred: jax.Array, labels: jax.Array, num_classes: int,
+                       mask: jax.Array | None = None
+                       ) -> tuple[jax.Array, jax.Array]:
+  """Per-label top-1 accuracy ``A_l`` in percent (SPEC 1.4).
+
+  Args:
+    pred: ``(N,)`` predicted labels, or ``(N, L)`` logits (argmax is taken).
+    labels: ``(N,)`` true labels in ``[0, num_classes)``.
+    num_classes: L.
+    mask: optional ``(N,)`` bool, the valid samples (a test set padded to a
+      multiple of the evaluation batch keeps its shape fixed this way).
+      Labels outside ``[0, num_classes)`` are ignored as well.
+
+  Returns:
+    ``(acc, present)``: float32 ``(L,)`` accuracy of each label in percent, 0
+    where the label has no (valid) test sample, and bool ``(L,)`` whether it
+    has one.
+  """
+  if not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+    raise ValueError(f"num_classes={num_classes!r}; allowed: an int >= 1")
+  num_classes = int(num_classes)
+  pred, labels = jnp.asarray(pred), jnp.asarray(labels)
+  if pred.ndim == 2:
+    pred = jnp.argmax(pred, axis=-1)
+  if pred.ndim != 1 or labels.shape != pred.shape:
+    raise ValueError(f"pred shape {pred.shape} vs labels shape {labels.shape};"
+                     " allowed: (N,) or (N, L) predictions with (N,) labels")
+  # Out-of-range labels (e.g. -1 padding) count nowhere: a negative index
+  # would otherwise wrap around to the last label.
+  valid = (labels >= 0) & (labels < num_classes)
+  if mask is not None:
+    valid &= jnp.asarray(mask).astype(bool)
+  weight = valid.astype(jnp.float32)
+  total = jnp.zeros(num_classes, jnp.float32).at[labels].add(weight)
+  hits = jnp.zeros(num_classes, jnp.float32).at[labels].add(
+      weight * (pred == labels))
+  present = total > 0
+  acc = jnp.where(present, 100.0 * hits / jnp.maximum(total, 1.0), 0.0)
+  return acc, present
+
+
+def performance_gap(acc: jax.Array, present: jax.Array | None = None
+                    ) -> jax.Array:
+  """``PG = max_l A_l - mean_l A_l`` over present labels, percentage points.
+
+  SPEC 1.4: Hydra's Eq. 2 as printed is identically 0; this is the
+  non-negative form its code computes.
+
+  Args:
+    acc: ``(L,)`` per-label accuracy in percent.
+    present: ``(L,)`` bool, labels with test samples (all when None).
+
+  Returns:
+    Scalar float32 PG; 0 when no label is present.
+  """
+  acc = jnp.asarray(acc, jnp.float32)
+  present = (jnp.ones(acc.shape, bool) if present is None
+             else jnp.asarray(present, bool))
+  count = jnp.sum(present)
+  best = jnp.max(jnp.where(present, acc, -jnp.inf))
+  mean = jnp.sum(jnp.where(present, acc, 0.0)) / jnp.maximum(count, 1)
+  return jnp.where(count > 0, best - mean, 0.0)
+
+
+def backward_transfer(history, present=None) -> float | None:
+  """``BW = mean_l max_{r<R} (A_l^r - A_l^R)``, percentage points.
+
+  Hydra Eq. 1 (from Lee et al. 2022) over the rounds evaluated so far, the
+  last row being round R.  Positive values measure forgetting (a label was
+  better at some earlier round than now); the value may be negative when every
+  label is at its best now, and is not clipped.
+
+  Args:
+    history: ``(R_eval, L)`` per-label accuracy in percent, one row per
+      evaluated round, oldest first.
+    present: optional ``(L,)`` bool; only these labels enter the mean (labels
+      absent from the test set have accuracy 0 throughout and would pull BW
+      towards 0).
+
+  Returns:
+    BW as a float, or None with fewer than two evaluated rounds.
+  """
+  h = np.asarray(history, np.float64)
+  if h.ndim != 2:
+    raise ValueError(f"history shape {h.shape}; allowed: (R_eval, L)")
+  if h.shape[0] < 2:
+    return None
+  drop = np.max(h[:-1] - h[-1], axis=0)
+  if present is not None:
+    present = np.asarray(present, bool)
+    if present.shape != drop.shape:
+      raise ValueError(f"present shape {present.shape}; allowed: "
+                       f"{drop.shape}")
+    if not present.any():
+      return None
+    drop = drop[present]
+  return float(np.mean(drop))
+
+
+def per_position_accuracy(acc: jax.Array, label_order) -> jax.Array:
+  """Accuracy of the label served at each position of the cyclic order.
+
+  With dominant-label partitions and the cyclic processing order (SPEC 1.2),
+  the clients served at position k of the label cycle are those whose
+  dominant label is ``label_order[k]``, so position k's accuracy is that
+  label's accuracy (SPEC 1.4; Hydra Fig. 6).
+
+  Args:
+    acc: ``(L,)`` per-label accuracy in percent.
+    label_order: ``(L,)`` the cycle's labels, a permutation of ``0..L-1``;
+      position k (0-based here, ``k + 1`` in the paper) serves
+      ``label_order[k]``.
+
+  Returns:
+    float32 ``(L,)``: entry k is the accuracy of the label at position k; a
+    numpy array when both inputs are host (numpy/list) values, so it can go
+    straight into a metrics record, else a jax array.
+  """
+  on_host = not isinstance(acc, jax.Array) and \
+      not isinstance(label_order, jax.Array)
+  acc = np.asarray(acc, np.float32) if on_host else jnp.asarray(acc,
+                                                                jnp.float32)
+  if acc.ndim != 1:
+    raise ValueError(f"acc shape {acc.shape}; allowed: (L,)")
+  if not isinstance(label_order, jax.core.Tracer):
+    order = np.asarray(label_order)
+    if order.shape != acc.shape or not np.issubdtype(order.dtype, np.integer) \
+        or not np.array_equal(np.sort(order), np.arange(acc.shape[0])):
+      raise ValueError(f"label_order={order.tolist()!r}; allowed: a "
+                       f"permutation of 0..{acc.shape[0] - 1}")
+  if on_host:
+    return acc[np.asarray(label_order)]
+  return acc[jnp.asarray(label_order)]
+
+
+def _median_of_last(values: Sequence[tuple[Any, float]], last: int) -> float:
+  values = sorted(values, key=lambda rv: rv[0])[-last:]
+  return float(np.median([v for _, v in values]))
+
+
+def summarize(records: Iterable[dict], keys: Sequence[str] = (
+    "accuracy", "loss", "pg", "bw"), last: int = 5, ddof: int = 0
+              ) -> dict[str, dict | None]:
+  """Hydra's summary figures: per seed, then across seeds (SPEC 1.4).
+
+  For each key and seed, the median over the last ``last`` evaluated rounds
+  that have a value for the key (None, NaN and missing values are skipped:
+  BW has none at the first evaluation); then the median and the standard
+  deviation of these per-seed figures across seeds.
+
+  Args:
+    records: one dict per evaluated round and seed, with ``"seed"``,
+      ``"round"`` and metric entries.
+    keys: the metrics to summarise.
+    last: how many of the last evaluated rounds each seed contributes.
+    ddof: delta degrees of freedom of the std across seeds (0: population
+      std, numpy's default).
+
+  Returns:
+    ``{key: {"median": float, "std": float, "per_seed": [float, ...],
+    "seeds": [seed, ...]}}``, seeds sorted; a key no record has a value for
+    maps to None.
+  """
+  if not isinstance(last, int) or isinstance(last, bool) or last < 1:
+    raise ValueError(f"last={last!r}; allowed: an int >= 1")
+  by_key: dict[str, dict[Any, list]] = {k: {} for k in keys}
+  seen = set()
+  for i, rec in enumerate(records):
+    if "seed" not in rec or "round" not in rec:
+      raise ValueError(f"record {i} has keys {sorted(rec)}; allowed: dicts "
+                       "with 'seed' and 'round'")
+    ident = (rec["seed"], rec["round"])
+    if ident in seen:
+      raise ValueError(f"record {i}: seed={ident[0]!r} round={ident[1]!r} "
+                       "appears twice; allowed: one record per seed and round")
+    seen.add(ident)
+    for k in keys:
+      v = rec.get(k)
+      if v is None:
+        continue
+      v = float(v)
+      if math.isnan(v):
+        continue
+      by_key[k].setdefault(rec["seed"], []).append((rec["round"], v))
+  out: dict[str, dict | None] = {}
+  for k in keys:
+    seeds = sorted(by_key[k])
+    if not seeds:
+      out[k] = None
+      continue
+    per_seed = [_median_of_last(by_key[k][s], last) for s in seeds]
+    out[k] = {
+        "median": float(np.median(per_seed)),
+        "std": float(np.std(per_seed, ddof=ddof)) if len(per_seed) > ddof
+               else float("nan"),
+        "per_seed": per_seed,
+        "seeds": seeds,
+    }
+  return out
