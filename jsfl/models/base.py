@@ -1,0 +1,164 @@
+"""Models as sequences of stages, used functionally.
+
+A model is an ordered list of NNX modules ("stages").  A cut index ``c`` splits
+it into the client portion (part-1) ``[0, c)`` and the server portion
+(part-2) ``[c, S)``; Hydra's second cut ``c_b`` splits part-2 into part-2a
+``[c, c_b)`` and the heads ``[c_b, S)`` (SPEC 1.5).  Each model module
+documents its stage numbering.
+
+The modules are split once into graphdefs and state; training code only sees
+pytrees:
+
+* ``params``: a tuple with one pure dict of ``nnx.Param`` values per stage,
+* ``stats``: a tuple with one pure dict of ``nnx.BatchStat`` values per stage
+  (empty dicts where a stage has no BatchNorm).  Statistics travel with their
+  portion and are aggregated like parameters.
+
+A portion is simply ``params[a:b], stats[a:b]``; :meth:`StagedModel.apply`
+runs any contiguous range of stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Params = tuple  # tuple[dict, ...], one per stage
+Stats = tuple
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StagedModel:
+  """A model split into stages with documented cut indices.
+
+  Attributes:
+    name: registry name.
+    build: ``rngs -> list[nnx.Module]``; each module is called as
+      ``stage(x, train=..., mask=...)``.
+    input_shape: ``(H, W, C)`` of one sample.
+    num_classes: output width.
+    default_cut: part-1 / part-2 cut used when a config gives none.
+    default_head_cut: Hydra's part-2a / heads cut used when none is given.
+    stage_names: one short name per stage, for docs and error messages.
+  """
+
+  name: str
+  build: Callable[[nnx.Rngs], Sequence[nnx.Module]]
+  input_shape: tuple[int, int, int]
+  num_classes: int
+  default_cut: int
+  default_head_cut: int
+  stage_names: tuple[str, ...]
+
+  def __post_init__(self):
+    stages = nnx.eval_shape(lambda: list(self.build(nnx.Rngs(0))))
+    graphdefs, abstract = [], []
+    for s in stages:
+      g, p, b, rest = nnx.split(s, nnx.Param, nnx.BatchStat, ...)
+      if jax.tree.leaves(rest):
+        raise TypeError(f"stage {type(s).__name__} of {self.name} has state "
+                        "other than Param/BatchStat; keep stages stateless")
+      graphdefs.append(g)
+      abstract.append((p, b))
+    if len(graphdefs) != len(self.stage_names):
+      raise ValueError(f"{self.name}: {len(graphdefs)} stages but "
+                       f"{len(self.stage_names)} stage names")
+    object.__setattr__(self, "_graphdefs", tuple(graphdefs))
+    object.__setattr__(self, "_abstract", tuple(abstract))
+
+  @property
+  def num_stages(self) -> int:
+    return len(self._graphdefs)
+
+  def check_cut(self, cut: int, name: str = "cut", low: int = 1) -> int:
+    """Validates a cut index; raises a ValueError naming the allowed range."""
+    if not isinstance(cut, int) or not low <= cut <= self.num_stages - 1:
+      raise ValueError(
+          f"{name}={cut!r} for model {self.name!r}; allowed: an int in "
+          f"[{low}, {self.num_stages - 1}] (stages: "
+          + ", ".join(f"{i}={n}" for i, n in enumerate(self.stage_names)) + ")")
+    return cut
+
+  def init(self, key: jax.Array) -> tuple[Params, Stats]:
+    """Fresh ``(params, stats)``; traceable, so it can be vmapped over seeds."""
+    stages = self.build(nnx.Rngs(params=key))
+    params, stats = [], []
+    for s in stages:
+      _, p, b, _ = nnx.split(s, nnx.Param, nnx.BatchStat, ...)
+      params.append(nnx.to_pure_dict(p))
+      stats.append(nnx.to_pure_dict(b))
+    return tuple(params), tuple(stats)
+
+  def apply(self, params: Params, stats: Stats, x: jax.Array, *,
+            start: int = 0, train: bool, mask: jax.Array | None = None
+            ) -> tuple[jax.Array, Stats]:
+    """Runs stages ``[start, start + len(params))``.
+
+    Args:
+      params: per-stage parameter dicts of the range.
+      stats: per-stage BatchNorm statistics of the range.
+      x: the input batch of stage ``start``.
+      start: index of the first stage.
+      train: batch statistics (and their update) when True, running ones else.
+      mask: ``(B,)`` bool, valid samples (padding is left out of BN stats).
+
+    Returns:
+      ``(output, new_stats)``; ``new_stats`` equals ``stats`` when not
+      training.
+    """
+    new_stats = []
+    for i, (p, b) in enumerate(zip(params, stats)):
+      g = self._graphdefs[start + i]
+      module = nnx.merge(g, p, b)
+      x = module(x, train=train, mask=mask)
+      if train and jax.tree.leaves(b):
+        _, nb = nnx.split(module, nnx.BatchStat, ...)[:2]
+        new_stats.append(nnx.to_pure_dict(nb))
+      else:
+        new_stats.append(b)
+    return x, tuple(new_stats)
+
+  def logits(self, params: Params, stats: Stats, x: jax.Array) -> jax.Array:
+    """Eval-mode forward of the whole model."""
+    return self.apply(params, stats, x, train=False)[0]
+
+
+_REGISTRY: dict[str, Callable[..., StagedModel]] = {}
+
+
+def register(name: str):
+  """Registers ``factory(input_shape, num_classes, **options) -> StagedModel``."""
+  def deco(fn):
+    _REGISTRY[name] = fn
+    return fn
+  return deco
+
+
+def model_names() -> tuple[str, ...]:
+  return tuple(sorted(_REGISTRY))
+
+
+def get_model(name: str, input_shape, num_classes: int, **options: Any) -> StagedModel:
+  """Builds a registered model; unknown names give a clear ValueError."""
+  if name not in _REGISTRY:
+    raise ValueError(f"model={name!r}; allowed: {', '.join(model_names())}")
+  return _cached(name, tuple(input_shape), int(num_classes),
+                 tuple(sorted(options.items())))
+
+
+_CACHE: dict = {}
+
+
+def _cached(name, input_shape, num_classes, options):
+  key = (name, input_shape, num_classes, options)
+  if key not in _CACHE:
+    _CACHE[key] = _REGISTRY[name](input_shape, num_classes, **dict(options))
+  return _CACHE[key]
+
+
+def count_params(tree) -> int:
+  return int(sum(jnp.size(a) for a in jax.tree.leaves(tree)))

@@ -1,0 +1,222 @@
+"""Layers whose convolution lowering is selectable per backend.
+
+Why this module exists: on XLA:CPU a ``lax.conv`` inside a rolled ``lax.scan``
+(a while loop) or under ``vmap`` over stacked client weights (which becomes a
+grouped convolution) runs 10-40x slower than the same convolution outside the
+loop (measured in ``benchmarks/results/`` and ``../shared/PERF-NOTES.md``).  The
+same convolution written as im2col + matmul (``conv_impl="im2col"``) is as
+fast rolled as unrolled and vmaps at parity with a Python loop, which lets a
+whole round stay one jitted program of rolled scans and vmaps on CPU.  On GPU
+``"xla"`` (cuDNN) is the default.  Depthwise 3x3 convolutions likewise have a
+``"shifts"`` lowering (nine shifted multiply-adds) next to ``"grouped"``
+(``feature_group_count``).
+
+Every layer here is a Flax NNX module taking ``(x, *, train, mask)`` so stages
+can pass the batch mask to BatchNorm (padded samples of a ragged batch must not
+enter the batch statistics).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+ConvImpl = Literal["xla", "im2col"]
+DepthwiseImpl = Literal["grouped", "shifts"]
+Norm = Literal["batch", "group", "none"]
+
+CONV_IMPLS = ("xla", "im2col")
+DEPTHWISE_IMPLS = ("grouped", "shifts")
+NORMS = ("batch", "group", "none")
+
+
+def default_conv_impl(backend: str | None = None) -> str:
+  """The measured-fastest dense-conv lowering for ``backend`` (cpu -> im2col)."""
+  backend = backend or jax.default_backend()
+  return "im2col" if backend == "cpu" else "xla"
+
+
+def default_depthwise_impl(backend: str | None = None) -> str:
+  """The measured-fastest depthwise lowering for ``backend`` (cpu -> shifts)."""
+  backend = backend or jax.default_backend()
+  return "shifts" if backend == "cpu" else "grouped"
+
+
+def _same_pads(size: int, k: int, s: int) -> tuple[int, int, int]:
+  out = -(-size // s)
+  total = max((out - 1) * s + k - size, 0)
+  return out, total // 2, total - total // 2
+
+
+def _patches(x: jax.Array, kh: int, kw: int, stride: int, padding: str):
+  """Shifted strided views of ``x`` (NHWC), one per kernel tap."""
+  _, h, w, _ = x.shape
+  if padding == "SAME":
+    oh, ph0, ph1 = _same_pads(h, kh, stride)
+    ow, pw0, pw1 = _same_pads(w, kw, stride)
+    x = jnp.pad(x, ((0, 0), (ph0, ph1), (pw0, pw1), (0, 0)))
+  elif padding == "VALID":
+    oh, ow = (h - kh) // stride + 1, (w - kw) // stride + 1
+  else:
+    raise ValueError(f"padding={padding!r}; allowed: 'SAME', 'VALID'")
+  taps = []
+  for i in range(kh):
+    for j in range(kw):
+      taps.append(lax.slice(
+          x, (0, i, j, 0),
+          (x.shape[0], i + (oh - 1) * stride + 1, j + (ow - 1) * stride + 1,
+           x.shape[3]), (1, stride, stride, 1)))
+  return taps, oh, ow
+
+
+def conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
+           impl: str = "xla"):
+  """Dense 2-D convolution, NHWC input, HWIO kernel.
+
+  Args:
+    x: ``(B, H, W, Cin)`` input.
+    kernel: ``(kh, kw, Cin, Cout)`` weights.
+    stride: spatial stride.
+    padding: ``"SAME"`` or ``"VALID"``.
+    impl: ``"xla"`` (``lax.conv_general_dilated``) or ``"im2col"`` (shifted
+      slices concatenated along channels, then one matmul).
+
+  Returns:
+    ``(B, H', W', Cout)``; both lowerings give the same values to float
+    tolerance.
+  """
+  kh, kw, cin, cout = kernel.shape
+  if impl == "xla":
+    return lax.conv_general_dilated(
+        x, kernel, (stride, stride), padding,
+        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  if impl != "im2col":
+    raise ValueError(f"conv impl={impl!r}; allowed: {CONV_IMPLS}")
+  if kh == kw == 1 and padding in ("SAME", "VALID"):
+    xs = x[:, ::stride, ::stride, :]
+    return jnp.einsum("bhwc,co->bhwo", xs, kernel[0, 0])
+  taps, oh, ow = _patches(x, kh, kw, stride, padding)
+  cols = jnp.concatenate(taps, axis=-1)
+  out = cols.reshape(-1, kh * kw * cin) @ kernel.reshape(kh * kw * cin, cout)
+  return out.reshape(x.shape[0], oh, ow, cout)
+
+
+def depthwise_conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
+                     impl: str = "grouped"):
+  """Depthwise convolution, kernel ``(kh, kw, 1, C)``.
+
+  ``impl="shifts"`` sums ``kh*kw`` shifted, strided views scaled per channel;
+  ``"grouped"`` uses ``feature_group_count=C``.
+  """
+  kh, kw, _, c = kernel.shape
+  if impl == "grouped":
+    return lax.conv_general_dilated(
+        x, kernel, (stride, stride), padding,
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=c)
+  if impl != "shifts":
+    raise ValueError(f"depthwise impl={impl!r}; allowed: {DEPTHWISE_IMPLS}")
+  taps, _, _ = _patches(x, kh, kw, stride, padding)
+  out = taps[0] * kernel[0, 0, 0]
+  for t, tap in enumerate(taps[1:], start=1):
+    out = out + tap * kernel[t // kw, t % kw, 0]
+  return out
+
+
+def _he_normal(key, shape, dtype=jnp.float32):
+  fan_in = math.prod(shape[:-1])
+  return jax.random.normal(key, shape, dtype) * math.sqrt(2.0 / fan_in)
+
+
+class Conv(nnx.Module):
+  """Dense conv with selectable lowering (see :func:`conv2d`)."""
+
+  def __init__(self, cin: int, cout: int, kernel: int = 3, *, stride: int = 1,
+               padding: str = "SAME", use_bias: bool = True,
+               impl: str = "xla", rngs: nnx.Rngs):
+    if impl not in CONV_IMPLS:
+      raise ValueError(f"conv impl={impl!r}; allowed: {CONV_IMPLS}")
+    self.kernel = nnx.Param(_he_normal(rngs.params(), (kernel, kernel, cin, cout)))
+    self.bias = nnx.Param(jnp.zeros((cout,))) if use_bias else None
+    self.stride, self.padding, self.impl = stride, padding, impl
+
+  def __call__(self, x, *, train: bool = False, mask=None):
+    y = conv2d(x, self.kernel[...], stride=self.stride, padding=self.padding,
+               impl=self.impl)
+    return y if self.bias is None else y + self.bias[...]
+
+
+class DepthwiseConv(nnx.Module):
+  """Depthwise conv with selectable lowering (see :func:`depthwise_conv2d`)."""
+
+  def __init__(self, channels: int, kernel: int = 3, *, stride: int = 1,
+               impl: str = "grouped", rngs: nnx.Rngs):
+    if impl not in DEPTHWISE_IMPLS:
+      raise ValueError(f"depthwise impl={impl!r}; allowed: {DEPTHWISE_IMPLS}")
+    self.kernel = nnx.Param(_he_normal(rngs.params(), (kernel, kernel, 1, channels)))
+    self.stride, self.impl = stride, impl
+
+  def __call__(self, x, *, train: bool = False, mask=None):
+    return depthwise_conv2d(x, self.kernel[...], stride=self.stride,
+                            impl=self.impl)
+
+
+class Norm2d(nnx.Module):
+  """BatchNorm (masked batch statistics), GroupNorm, or identity.
+
+  BatchNorm momentum 0.9 matches PyTorch's default ``momentum=0.1``.
+  """
+
+  def __init__(self, channels: int, kind: str = "batch", *, groups: int = 8,
+               rngs: nnx.Rngs):
+    if kind not in NORMS:
+      raise ValueError(f"norm={kind!r}; allowed: {NORMS}")
+    self.kind = kind
+    if kind == "batch":
+      self.norm = nnx.BatchNorm(channels, momentum=0.9, epsilon=1e-5, rngs=rngs)
+    elif kind == "group":
+      self.norm = nnx.GroupNorm(channels, num_groups=math.gcd(groups, channels),
+                                rngs=rngs)
+    else:
+      self.norm = None
+
+  def __call__(self, x, *, train: bool = False, mask=None):
+    if self.kind == "batch":
+      bn_mask = None
+      if mask is not None and train:
+        # An all-padding batch would give 0/0 statistics; its update is
+        # discarded by the caller, so any finite statistics do.
+        mask = jnp.logical_or(mask, ~jnp.any(mask))
+        bn_mask = mask.reshape((-1,) + (1,) * (x.ndim - 1))
+      return self.norm(x, use_running_average=not train, mask=bn_mask)
+    if self.kind == "group":
+      return self.norm(x)
+    return x
+
+
+class Dense(nnx.Module):
+  """Linear layer (flattens its input first)."""
+
+  def __init__(self, din: int, dout: int, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(din, dout, rngs=rngs)
+
+  def __call__(self, x, *, train: bool = False, mask=None):
+    return self.linear(x.reshape(x.shape[0], -1))
+
+
+def max_pool(x, window: int = 2, stride: int | None = None):
+  """Max pool NHWC, VALID padding (reshape form when window == stride)."""
+  stride = stride or window
+  b, h, w, c = x.shape
+  if window == stride and h % window == 0 and w % window == 0:
+    return x.reshape(b, h // window, window, w // window, window, c).max((2, 4))
+  return lax.reduce_window(x, -jnp.inf, lax.max, (1, window, window, 1),
+                           (1, stride, stride, 1), "VALID")
+
+
+def avg_pool_global(x):
+  return jnp.mean(x, axis=(1, 2))
