@@ -1,0 +1,49 @@
+# The two commands the README promises: `make demo` and `make test`.
+# Both work on a fresh Debian/Ubuntu machine with Python >= 3.11: they create
+# .venv, install jsfl into it, and make Fashion-MNIST available (Debian's
+# dataset-fashion-mnist package when apt is there, else jsfl downloads it).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+FMNIST := /usr/share/datasets/fashion-mnist
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-slow venv data clean bench
+
+$(BIN)/jsfl: pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "jsfl needs Python >= 3.11"'
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python3 -m venv failed; installing python3-venv"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv && \
+	  rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/jsfl
+
+# Fashion-MNIST from Debian's package where apt is available; otherwise the
+# first run downloads it into ~/.cache/jsfl (see README, "Data").
+data:
+	@if [ ! -d $(FMNIST) ] && command -v apt-get >/dev/null; then \
+	  ($(SUDO) apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+	   { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist; }) || \
+	  echo "note: dataset-fashion-mnist not installed; jsfl will download Fashion-MNIST"; \
+	fi
+
+demo: venv data
+	$(BIN)/jsfl run experiments/core/demo.toml
+
+test: venv data
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
+
+test-slow: venv data
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache runs

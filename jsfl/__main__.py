@@ -1,0 +1,5 @@
+import sys
+
+from jsfl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,64 @@
+"""Per-client batch schedules over device-resident data.
+
+A client is a padded row of an index table into the (device-resident) train
+set plus its size.  Each epoch every participating client draws its own
+permutation of its valid positions (padding sorted to the end), so batch ``b``
+of client ``c`` is ``perm[c, b*B:(b+1)*B]`` with a mask for positions beyond the
+client's size: unequal clients and ragged last batches are masks, never Python
+branches, and every array has a fixed shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jsfl.data import normalize
+
+
+def steps_per_epoch(max_size: int, batch_size: int) -> int:
+  """Batch steps of one epoch of the largest client (static)."""
+  return max(1, math.ceil(max_size / batch_size))
+
+
+def epoch_batches(key, table, sizes, batch_size: int):
+  """One epoch's batches for each client row of ``table``.
+
+  Args:
+    key: PRNG key.
+    table: ``(n, max_n)`` int32 sample indices (padded).
+    sizes: ``(n,)`` valid entries per row.
+    batch_size: B.
+
+  Returns:
+    ``(idx, mask)`` of shape ``(nb, n, B)``: sample indices and validity, with
+    ``nb = ceil(max_n / B)`` batch steps.
+  """
+  n, max_n = table.shape
+  nb = steps_per_epoch(max_n, batch_size)
+  pos = jnp.arange(max_n)
+  valid = pos[None, :] < sizes[:, None]
+  u = jax.random.uniform(key, (n, max_n))
+  perm = jnp.argsort(jnp.where(valid, u, 2.0), axis=1)
+  pad = nb * batch_size - max_n
+  perm = jnp.pad(perm, ((0, 0), (0, pad)))
+  idx = jnp.take_along_axis(table, jnp.minimum(perm, max_n - 1), axis=1)
+  mask = jnp.arange(nb * batch_size)[None, :] < sizes[:, None]
+  idx = idx.reshape(n, nb, batch_size).transpose(1, 0, 2)
+  mask = mask.reshape(n, nb, batch_size).transpose(1, 0, 2)
+  return idx, mask
+
+
+def round_batches(key, table, sizes, batch_size: int, epochs: int):
+  """``epochs`` freshly shuffled epochs concatenated: ``(E*nb, n, B)``."""
+  keys = jax.random.split(key, epochs)
+  idx, mask = jax.vmap(lambda k: epoch_batches(k, table, sizes, batch_size))(keys)
+  return (idx.reshape((-1,) + idx.shape[2:]), mask.reshape((-1,) + mask.shape[2:]))
+
+
+def gather(data, idx):
+  """Normalised inputs and labels for an index array of any shape."""
+  x = normalize(data["x"][idx], data["mean"], data["std"])
+  return x, data["y"][idx]

@@ -1,0 +1,138 @@
+"""Losses, optimisers, aggregation, participation and processing orders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+ORDERS = ("random", "cyclic", "cyclic_reverse", "fixed")
+
+
+# --------------------------------------------------------------------- loss
+def masked_cross_entropy(logits, labels, mask):
+  """Mean cross-entropy over the valid samples of a batch (0 if none).
+
+  Matches PyTorch's mean reduction on a ragged last batch: the mean is over
+  the samples that exist, not over the padded batch size.
+  """
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  m = mask.astype(ce.dtype)
+  return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+# --------------------------------------------------------------- optimiser
+def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0):
+  """SGD as in PyTorch: weight decay added to the gradient before momentum.
+
+  The learning rate is an injected hyperparameter so a round can set its
+  decayed value (:func:`round_lr`) without recompiling.
+  """
+  def sgd(learning_rate):
+    tx = optax.sgd(learning_rate, momentum=momentum or None)
+    if weight_decay:
+      tx = optax.chain(optax.add_decayed_weights(weight_decay), tx)
+    return tx
+  return optax.inject_hyperparams(sgd)(learning_rate=0.0)
+
+
+def with_lr(opt_state, lr):
+  """Returns ``opt_state`` with its injected learning rate set to ``lr``."""
+  hp = dict(opt_state.hyperparams)
+  hp["learning_rate"] = jnp.asarray(lr, jnp.float32)
+  return opt_state._replace(hyperparams=hp)
+
+
+def round_lr(base_lr, decay, floor, round_idx):
+  """``max(lr * decay**r, floor)``: Hydra's per-round decay with a floor."""
+  return jnp.maximum(base_lr * decay ** round_idx.astype(jnp.float32), floor)
+
+
+def sgd_update(tx, params, grads, opt_state, active):
+  """One optimiser step, skipped (state unchanged) where ``active`` is False.
+
+  Gating keeps momentum and weight decay from moving a portion on a batch
+  step where its client had no data left.
+  """
+  updates, new_state = tx.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  keep = lambda new, old: jnp.where(active, new, old)
+  return (jax.tree.map(keep, new_params, params),
+          jax.tree.map(keep, new_state, opt_state))
+
+
+def gate(active, new, old):
+  """``new`` where ``active`` else ``old``, leafwise."""
+  return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
+
+
+# -------------------------------------------------------------- aggregation
+def weighted_mean(stacked, weights):
+  """Weighted mean over the leading (client) axis of a stacked pytree."""
+  w = weights.astype(jnp.float32)
+  w = w / jnp.maximum(jnp.sum(w), 1e-12)
+  return jax.tree.map(lambda a: jnp.tensordot(w, a, axes=1).astype(a.dtype),
+                      stacked)
+
+
+def broadcast(tree, n: int):
+  """``n`` stacked copies of ``tree`` (a leading client axis)."""
+  return jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), tree)
+
+
+def tree_bytes(tree, dtype_bytes: int = 4) -> int:
+  """Bytes of a pytree's arrays when sent as ``dtype_bytes``-wide numbers."""
+  return int(sum(a.size for a in jax.tree.leaves(tree))) * dtype_bytes
+
+
+# ------------------------------------------------------------ participation
+def sample_clients(key, num_clients: int, n: int):
+  """``n`` distinct client ids, ascending (all of them when n == K)."""
+  if n == num_clients:
+    return jnp.arange(num_clients, dtype=jnp.int32)
+  chosen = jax.random.choice(key, num_clients, (n,), replace=False)
+  return jnp.sort(chosen).astype(jnp.int32)
+
+
+# --------------------------------------------------------- processing order
+def label_rank(key, num_classes: int):
+  """The cyclic order's label sequence, drawn once per run: rank of each label."""
+  perm = jax.random.permutation(key, num_classes)
+  return jnp.argsort(perm).astype(jnp.int32)
+
+
+def processing_orders(order: str, key, num_steps: int, clients, dominant,
+                      rank):
+  """Server processing order of every batch step of a round (SPEC 1.2).
+
+  Args:
+    order: one of ``ORDERS``.
+    key: PRNG key (used by ``random``).
+    num_steps: batch steps in the round.
+    clients: ``(n,)`` participating client ids.
+    dominant: ``(K,)`` dominant label of every client.
+    rank: ``(L,)`` position of each label in the run's label cycle.
+
+  Returns:
+    ``(num_steps, n)`` int32 positions into ``clients``: row t lists the
+    participants in the order the server processes their batch t.
+  """
+  n = clients.shape[0]
+  if order == "random":
+    u = jax.random.uniform(key, (num_steps, n))
+    return jnp.argsort(u, axis=1).astype(jnp.int32)
+  if order == "fixed":
+    base = jnp.argsort(clients)
+    return jnp.broadcast_to(base, (num_steps, n)).astype(jnp.int32)
+  if order in ("cyclic", "cyclic_reverse"):
+    # Clients of a label are consecutive (by id) and labels follow the cycle.
+    k = jnp.max(clients) + 1
+    base = jnp.argsort(rank[dominant[clients]] * k + clients).astype(jnp.int32)
+    rows = jnp.broadcast_to(base, (num_steps, n))
+    if order == "cyclic":
+      return rows
+    flip = (jnp.arange(num_steps) % 2 == 1)[:, None]
+    return jnp.where(flip, rows[:, ::-1], rows)
+  raise ValueError(f"order={order!r}; allowed: {ORDERS}")

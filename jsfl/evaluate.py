@@ -1,0 +1,57 @@
+"""Whole-test-set evaluation in one jitted pass (SPEC 1.4)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+import optax
+
+from jsfl.data import normalize
+
+
+def chunk_test_set(x, y, chunk: int):
+  """Pads the test set to whole chunks: ``(C, chunk, ...)`` arrays and a mask."""
+  m = x.shape[0]
+  chunk = min(chunk, m)
+  c = -(-m // chunk)
+  pad = c * chunk - m
+  xp = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
+  yp = np.concatenate([y, np.zeros((pad,), y.dtype)])
+  valid = np.arange(c * chunk) < m
+  return {"x": xp.reshape((c, chunk) + x.shape[1:]),
+          "y": yp.reshape(c, chunk), "valid": valid.reshape(c, chunk)}
+
+
+def evaluate(model, params, stats, test, mean, std, num_classes: int):
+  """Accuracy, loss and per-label accuracy of a model on the chunked test set.
+
+  Args:
+    model: the StagedModel.
+    params, stats: the whole model (eval mode: running BN statistics).
+    test: output of :func:`chunk_test_set` (device arrays).
+    mean, std: input normalisation.
+    num_classes: L.
+
+  Returns:
+    dict of ``accuracy`` (%), ``loss``, ``per_label_accuracy`` (``(L,)`` %,
+    0 for labels absent from the test set) and ``present`` (``(L,)`` bool).
+  """
+  def one(chunk):
+    x, y, v = chunk
+    logits = model.logits(params, stats, normalize(x, mean, std))
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    hit = (jnp.argmax(logits, -1) == y) & v
+    onehot = jax.nn.one_hot(y, num_classes) * v[:, None]
+    return (jnp.sum(ce * v), onehot.T @ hit.astype(jnp.float32),
+            jnp.sum(onehot, 0))
+
+  ce, hits, counts = lax.map(one, (test["x"], test["y"], test["valid"]))
+  hits, counts = hits.sum(0), counts.sum(0)
+  total = jnp.sum(counts)
+  present = counts > 0
+  return {"accuracy": 100.0 * jnp.sum(hits) / total,
+          "loss": jnp.sum(ce) / total,
+          "per_label_accuracy": jnp.where(present, 100.0 * hits / jnp.maximum(counts, 1), 0.0),
+          "present": present}

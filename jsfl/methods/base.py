@@ -1,0 +1,127 @@
+"""What every method shares: the static setup, client execution, the registry.
+
+A method is a module with three pure functions (FedJAX-style ``init`` +
+``apply``, here ``round``):
+
+* ``init(setup, key) -> state``: a pytree (a ``flax.struct`` dataclass);
+* ``round(setup, state, data, key) -> (state, metrics)``: one round, pure and
+  jittable; the runner vmaps it over the seed axis and jits it once;
+* ``output_model(setup, state) -> (params, stats)``: the model a method outputs
+  for evaluation;
+
+plus ``communication(setup, samples) -> (bytes_up, bytes_down)`` computed on
+the host from the round's processed-sample count.
+
+``data`` is a dict of device arrays: ``x`` (uint8 train images), ``y``,
+``mean``, ``std`` (shared by seeds) and ``table`` / ``sizes`` / ``dominant``
+(one client index table per seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jsfl.models.base import StagedModel
+
+CLIENT_EXECS = ("vmap", "map", "unroll")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Setup:
+  """Static description of a run that a round function closes over."""
+
+  model: StagedModel
+  num_clients: int            # K
+  clients_per_round: int      # n
+  max_size: int               # widest client row of the index table
+  batch_size: int = 64
+  local_epochs: int = 1
+  cut: int = 2
+  order: str = "random"
+  lr: float = 0.05
+  lr_decay: float = 1.0
+  lr_min: float = 0.0
+  momentum: float = 0.0
+  weight_decay: float = 0.0
+  client_exec: str = "vmap"
+  server_unroll: int = 1
+  options: tuple = ()         # method-specific (key, value) pairs
+
+  @property
+  def num_classes(self) -> int:
+    return self.model.num_classes
+
+  def option(self, name: str, default=None):
+    return dict(self.options).get(name, default)
+
+  def replace(self, **kw) -> "Setup":
+    return dataclasses.replace(self, **kw)
+
+
+def map_clients(fn: Callable, how: str, *args):
+  """Applies ``fn`` to each slice of ``args`` along their leading client axis.
+
+  ``vmap`` batches all clients into one program (fastest on GPU and for dense
+  layers); ``map`` is a rolled sequential loop (``lax.map``), ``unroll`` a
+  Python-unrolled loop inside the same jit, which XLA:CPU may run faster for
+  convolutions with the ``xla`` lowering (see PERF-NOTES).  All three compute
+  the same values.
+  """
+  if how == "vmap":
+    return jax.vmap(fn)(*args)
+  if how == "map":
+    return lax.map(lambda a: fn(*a), args)
+  if how == "unroll":
+    n = jax.tree.leaves(args)[0].shape[0]
+    outs = [fn(*jax.tree.map(lambda a, i=i: a[i], args)) for i in range(n)]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+  raise ValueError(f"client_exec={how!r}; allowed: {CLIENT_EXECS}")
+
+
+METHODS = {
+    "fedavg": "jsfl.methods.fedavg",
+    "splitfedv1": "jsfl.methods.splitfedv1",
+    "sfl": "jsfl.methods.sfl",
+}
+
+
+def get_method(name: str):
+  """The method module registered under ``name``."""
+  if name not in METHODS:
+    raise ValueError(f"method={name!r}; allowed: {', '.join(sorted(METHODS))}")
+  return importlib.import_module(METHODS[name])
+
+
+LABEL_BYTES = 4  # labels travel as int32
+
+
+def portion_bytes(model: StagedModel, start: int, stop: int) -> int:
+  """Bytes of stages ``[start, stop)``: parameters plus BatchNorm statistics."""
+  params, stats = jax.eval_shape(model.init, jax.random.key(0))
+  leaves = jax.tree.leaves((params[start:stop], stats[start:stop]))
+  return int(sum(a.size * a.dtype.itemsize for a in leaves))
+
+
+def activation_size(model: StagedModel, cut: int) -> int:
+  """Elements of one sample's cut-layer activation."""
+  params, stats = jax.eval_shape(model.init, jax.random.key(0))
+  x = jax.ShapeDtypeStruct((1,) + tuple(model.input_shape), jnp.float32)
+  out = jax.eval_shape(
+      lambda p, s, x: model.apply(p, s, x, train=False)[0],
+      params[:cut], stats[:cut], x)
+  return int(out.size)
+
+
+def split_communication(setup: Setup, samples: int):
+  """Per round: part-1 down and up per participant, plus per processed sample
+  the cut-layer activation and label up and the activation gradient down."""
+  act = activation_size(setup.model, setup.cut) * 4
+  p1 = portion_bytes(setup.model, 0, setup.cut)
+  n = setup.clients_per_round
+  return (n * p1 + samples * (act + LABEL_BYTES), n * p1 + samples * act)

@@ -1,0 +1,118 @@
+"""End-to-end CLI runs and the promised config errors."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from jsfl import cli, config as config_lib
+from jsfl.rundir import read_metrics
+
+SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_classes=4",
+       "dataset.train_size=400", "dataset.test_size=100", "model.width=4", "model.hidden=16",
+       "exec.progress=false"]
+
+
+def run_cli(tmp_path, *overrides):
+  out = tmp_path / "r"
+  code = cli.main(["run", *SYN, f"run.dir={out}", *overrides])
+  return code, str(out)
+
+
+def test_synthetic_run_writes_the_run_directory(tmp_path, capsys):
+  code, out = run_cli(tmp_path, "run.rounds=3", "run.seeds=2", "partition.num_clients=4",
+                      "method.order=cyclic", "partition.name=dominant_label", "partition.p=0.8")
+  assert code == 0
+  assert sorted(os.listdir(out)) == ["config.json", "metrics.jsonl", "partition.json",
+                                     "summary.json"]
+  recs = read_metrics(f"{out}/metrics.jsonl")
+  assert [(r["round"], r["seed"]) for r in recs] == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
+  for r in recs:
+    assert len(r["per_label_accuracy"]) == 4 and 0 <= r["accuracy"] <= 100
+    assert r["pg"] >= 0 and r["bytes_up"] > 0 and r["bytes_down"] > 0
+    assert sorted(r["clients"]) == [0, 1, 2, 3]
+    assert len(r["per_position_accuracy"]) == 4
+  assert recs[0]["bw"] is None and recs[-1]["bw"] is not None
+  summ = json.load(open(f"{out}/summary.json"))
+  assert summ["seeds"] == [0, 1]
+  acc = [r["accuracy"] for r in recs if r["round"] == 3]
+  assert summ["accuracy"]["median"] == pytest.approx(np.median(acc))
+  cfg = json.load(open(f"{out}/config.json"))
+  assert cfg["config"]["method"]["order"] == "cyclic" and "jax" in cfg["versions"]
+  part = json.load(open(f"{out}/partition.json"))
+  assert len(part["seeds"]) == 2 and np.array(part["seeds"][0]["label_counts"]).shape == (4, 4)
+  # cyclic order: clients come grouped by dominant label in the run's label cycle
+  dom = np.array(part["seeds"][0]["dominant"])
+  order = recs[0]["label_order"]
+  assert [int(dom[c]) for c in recs[0]["clients"]] == order
+  assert out in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("override, message", [
+    ("method.order=sideways", "method.order='sideways'; allowed: 'random', 'cyclic'"),
+    ("method.ordr=cyclic", "unknown config key 'method.ordr' (did you mean 'order'?)"),
+    ("run.rounds=ten", "run.rounds='ten': wrong type; allowed: an int"),
+    ("run.rounds=0", "run.rounds=0; allowed: an int >= 1"),
+    ("optim.lr=-1", "optim.lr=-1.0; allowed: a float > 0"),
+    ("partition.name=dominant_label", "[partition]"),
+    ("partition.p=2.0", "partition"),
+    ("model.name=vgg99", "model='vgg99'; allowed"),
+    ("model.cut=99", "model.cut=99"),
+    ("method.clients_per_round=50", "method.clients_per_round=50"),
+    ("bogus.key=1", "unknown config key 'bogus'"),
+])
+def test_bad_config_is_one_clear_line_and_exit_2(tmp_path, capsys, override, message):
+  code, out = run_cli(tmp_path, "partition.num_clients=3", override)
+  err = capsys.readouterr().err.strip()
+  assert code == 2
+  assert message in err, err
+  assert len(err.splitlines()) == 1
+  assert not os.path.exists(out)
+
+
+def test_bad_config_file(tmp_path, capsys):
+  bad = tmp_path / "bad.toml"
+  bad.write_text("[run]\nrounds = [\n")
+  assert cli.main(["run", str(bad)]) == 2
+  assert "not valid TOML" in capsys.readouterr().err
+  assert cli.main(["run", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_help_is_complete(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["run", "--help"])
+  text = capsys.readouterr().out
+  assert "section.key=value" in text and "run directory" in text
+  with pytest.raises(SystemExit):
+    cli.main(["--help"])
+  text = capsys.readouterr().out
+  for cmd in ("run", "partition"):
+    assert cmd in text
+
+
+def test_partition_command(tmp_path, capsys):
+  out = tmp_path / "p.json"
+  code = cli.main(["partition", "synthetic", "dominant_label", "--clients", "10", "p=0.8",
+                   "--out", str(out)])
+  assert code == 0
+  counts = np.array(json.load(open(out))["label_counts"])
+  assert counts.shape == (10, 10)
+  np.testing.assert_array_equal(counts.argmax(1), np.arange(10))
+  frac = counts.max(1) / counts.sum(1)
+  assert np.all(np.abs(frac - 0.8) < 0.02)
+  assert "client" in capsys.readouterr().out
+  assert cli.main(["partition", "synthetic", "dominant_label", "--clients", "10", "p=7"]) == 2
+  assert "p=7" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
+                    reason="Debian's dataset-fashion-mnist is not installed")
+def test_small_fashion_mnist_run(tmp_path):
+  out = tmp_path / "fm"
+  code = cli.main(["run", "run.rounds=2", "partition.num_clients=100",
+                   "method.clients_per_round=3", "exec.progress=false", f"run.dir={out}",
+                   "method.name=fedavg"])
+  assert code == 0
+  recs = read_metrics(f"{out}/metrics.jsonl")
+  assert len(recs) == 2 and recs[-1]["accuracy"] > 30  # 2 rounds, 3 clients: well above 10%
