@@ -159,6 +159,22 @@ def build_programs(exp: Experiment):
   return init, rnd, ev
 
 
+def make_seed_keys(seeds):
+  """One PRNG key per seed (seed s -> key(s)), stacked on the seed axis."""
+  return jax.random.wrap_key_data(
+      jnp.stack([jax.random.key_data(jax.random.key(s)) for s in seeds]))
+
+
+def round_keys(seed_keys, r: int):
+  """Round ``r``'s key of every seed."""
+  return jax.vmap(lambda k: jax.random.fold_in(k, r))(seed_keys)
+
+
+def split_data(exp: Experiment):
+  """(per-seed data, shared data) as the seed programs take them."""
+  return ({k: exp.data[k] for k in SEED_KEYS}, {k: exp.data[k] for k in SHARED_KEYS})
+
+
 def _device_kind() -> str:
   d = jax.devices()[0]
   return f"{d.platform}:{getattr(d, 'device_kind', '?')} x{jax.device_count()}"
@@ -210,12 +226,10 @@ def run(cfg: dict, exp: Experiment | None = None) -> str:
   rundir.write_json_atomic(f"{out}/partition.json", {"seeds": exp.partitions})
 
   init, rnd, ev = build_programs(exp)
-  shared = {k: exp.data[k] for k in SHARED_KEYS}
-  seed_data = {k: exp.data[k] for k in SEED_KEYS}
+  seed_data, shared = split_data(exp)
   test = jax.tree.map(jnp.asarray, chunk_test_set(
       exp.dataset.x_test, exp.dataset.y_test, cfg["exec"]["eval_batch"]))
-  seed_keys = jnp.stack([jax.random.key_data(jax.random.key(s)) for s in seeds])
-  seed_keys = jax.random.wrap_key_data(seed_keys)
+  seed_keys = make_seed_keys(seeds)
   state = init(seed_keys)
   writer = rundir.MetricsWriter(f"{out}/metrics.jsonl")
   R, every = cfg["run"]["rounds"], cfg["run"]["eval_every"]
@@ -225,7 +239,7 @@ def run(cfg: dict, exp: Experiment | None = None) -> str:
   try:
     for r in range(R):
       t0 = time.perf_counter()
-      keys = jax.vmap(lambda k: jax.random.fold_in(k, r))(seed_keys)
+      keys = round_keys(seed_keys, r)
       state, m = rnd(state, seed_data, keys, shared)
       m = jax.device_get(m)
       wall = time.perf_counter() - t0

@@ -91,7 +91,7 @@ def schedule(setup, data, key, round_idx, n_keys):
   clients = common.sample_clients(keys[0], setup.num_clients, setup.clients_per_round)
   sizes = data["sizes"][clients]
   idx, mask = batching.round_batches(keys[1], data["table"][clients], sizes,
-                                     setup.batch_size, setup.local_epochs)
+                                     setup.batch_size, setup.local_epochs, clients)
   lr = float(max(setup.lr * setup.lr_decay ** round_idx, setup.lr_min))
   return keys, clients, np.asarray(sizes), np.asarray(idx), np.asarray(mask), lr
 

@@ -23,14 +23,19 @@ def steps_per_epoch(max_size: int, batch_size: int) -> int:
   return max(1, math.ceil(max_size / batch_size))
 
 
-def epoch_batches(key, table, sizes, batch_size: int):
+def epoch_batches(key, table, sizes, batch_size: int, client_ids=None):
   """One epoch's batches for each client row of ``table``.
+
+  A client's permutation depends only on ``(key, client id, position)``, never
+  on the padded width, so padding a table wider (e.g. to the widest seed of a
+  seed-batched run) leaves every client's batches unchanged.
 
   Args:
     key: PRNG key.
     table: ``(n, max_n)`` int32 sample indices (padded).
     sizes: ``(n,)`` valid entries per row.
     batch_size: B.
+    client_ids: ``(n,)`` ids the rows belong to (default ``arange(n)``).
 
   Returns:
     ``(idx, mask)`` of shape ``(nb, n, B)``: sample indices and validity, with
@@ -40,7 +45,10 @@ def epoch_batches(key, table, sizes, batch_size: int):
   nb = steps_per_epoch(max_n, batch_size)
   pos = jnp.arange(max_n)
   valid = pos[None, :] < sizes[:, None]
-  u = jax.random.uniform(key, (n, max_n))
+  if client_ids is None:
+    client_ids = jnp.arange(n)
+  u = jax.vmap(lambda c: jax.random.uniform(jax.random.fold_in(key, c), (max_n,)))(
+      client_ids)
   perm = jnp.argsort(jnp.where(valid, u, 2.0), axis=1)
   pad = nb * batch_size - max_n
   perm = jnp.pad(perm, ((0, 0), (0, pad)))
@@ -51,10 +59,12 @@ def epoch_batches(key, table, sizes, batch_size: int):
   return idx, mask
 
 
-def round_batches(key, table, sizes, batch_size: int, epochs: int):
+def round_batches(key, table, sizes, batch_size: int, epochs: int,
+                  client_ids=None):
   """``epochs`` freshly shuffled epochs concatenated: ``(E*nb, n, B)``."""
   keys = jax.random.split(key, epochs)
-  idx, mask = jax.vmap(lambda k: epoch_batches(k, table, sizes, batch_size))(keys)
+  idx, mask = jax.vmap(
+      lambda k: epoch_batches(k, table, sizes, batch_size, client_ids))(keys)
   return (idx.reshape((-1,) + idx.shape[2:]), mask.reshape((-1,) + mask.shape[2:]))
 
 

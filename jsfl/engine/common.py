@@ -121,7 +121,9 @@ def processing_orders(order: str, key, num_steps: int, clients, dominant,
   """
   n = clients.shape[0]
   if order == "random":
-    u = jax.random.uniform(key, (num_steps, n))
+    # Step t's permutation depends on (key, t) only, not on the step count.
+    u = jax.vmap(lambda t: jax.random.uniform(jax.random.fold_in(key, t), (n,)))(
+        jnp.arange(num_steps))
     return jnp.argsort(u, axis=1).astype(jnp.int32)
   if order == "fixed":
     base = jnp.argsort(clients)

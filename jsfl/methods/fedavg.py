@@ -63,7 +63,7 @@ def round(setup: Setup, state: State, data, key):
   clients = common.sample_clients(k_part, setup.num_clients, n)
   sizes = data["sizes"][clients]
   idx, mask = batching.round_batches(k_batch, data["table"][clients], sizes,
-                                     setup.batch_size, setup.local_epochs)
+                                     setup.batch_size, setup.local_epochs, clients)
   tx = common.make_optimizer(setup.momentum, setup.weight_decay)
   lr = common.round_lr(setup.lr, setup.lr_decay, setup.lr_min, state.round)
   params = common.broadcast(state.params, n)

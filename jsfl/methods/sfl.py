@@ -126,7 +126,7 @@ def round(setup: Setup, state: State, data, key):
   clients = common.sample_clients(k_part, setup.num_clients, n)
   sizes = data["sizes"][clients]
   idx, mask = batching.round_batches(k_batch, data["table"][clients], sizes,
-                                     setup.batch_size, setup.local_epochs)
+                                     setup.batch_size, setup.local_epochs, clients)
   orders = common.processing_orders(setup.order, k_order, idx.shape[0], clients,
                                     data["dominant"], state.label_rank)
   tx = common.make_optimizer(setup.momentum, setup.weight_decay)
