@@ -21,10 +21,12 @@ runs any contiguous range of stages.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 Params = tuple  # tuple[dict, ...], one per stage
@@ -76,12 +78,13 @@ class StagedModel:
 
   def check_cut(self, cut: int, name: str = "cut", low: int = 1) -> int:
     """Validates a cut index; raises a ValueError naming the allowed range."""
-    if not isinstance(cut, int) or not low <= cut <= self.num_stages - 1:
+    ok = isinstance(cut, (int, np.integer)) and not isinstance(cut, (bool, np.bool_))
+    if not ok or not low <= cut <= self.num_stages - 1:
       raise ValueError(
           f"{name}={cut!r} for model {self.name!r}; allowed: an int in "
           f"[{low}, {self.num_stages - 1}] (stages: "
           + ", ".join(f"{i}={n}" for i, n in enumerate(self.stage_names)) + ")")
-    return cut
+    return int(cut)
 
   def init(self, key: jax.Array) -> tuple[Params, Stats]:
     """Fresh ``(params, stats)``; traceable, so it can be vmapped over seeds."""

@@ -1,0 +1,129 @@
+"""LeNet-5 (LeCun et al. 1998) as used in split learning (Thapa et al. 2022).
+
+Stages (cut indices in brackets; a cut ``c`` gives the client ``[0, c)``):
+  0 conv1: conv5x5(6, SAME) - norm - relu - maxpool2    [cut 1 after it]
+  1 conv2: conv5x5(16, VALID) - norm - relu - maxpool2  [cut 2, default]
+  2 fc1:   dense(120) - relu                            [cut 3]
+  3 fc2:   dense(84) - relu                             [cut 4, default head cut]
+  4 fc3:   dense(num_classes)
+
+The default cut 2 is Thapa et al.'s "after the 2nd layer (the 2-D MaxPool)"
+(recalled in the Hydra paper, App. D.2): the client holds both conv blocks.
+The default head cut 4 makes Hydra's heads the last dense layer.
+
+Padding: conv1 pads SAME (2 pixels, the usual LeNet-for-MNIST choice) and
+conv2 is VALID, so any input of at least 12x12 works.  A 28x28 input gives
+the classic 28 -> 14 -> 10 -> 5 feature maps (16*5*5 = 400 features into
+fc1); a 32x32 input gives 32 -> 16 -> 12 -> 6 (16*6*6 = 576 features).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+from flax import nnx
+
+from jsfl.models import layers
+from jsfl.models.base import StagedModel, register
+
+
+class ConvPoolBlock(nnx.Module):
+  """conv - norm - relu - maxpool2."""
+
+  def __init__(self, cin, cout, *, padding, norm, conv_impl, rngs):
+    # A bias in front of a normalisation would be cancelled by its mean.
+    self.conv = layers.Conv(cin, cout, 5, padding=padding, impl=conv_impl,
+                            use_bias=norm == "none", rngs=rngs)
+    self.norm = layers.Norm2d(cout, norm, rngs=rngs)
+
+  def __call__(self, x, *, train=False, mask=None):
+    x = self.norm(self.conv(x), train=train, mask=mask)
+    return layers.max_pool(jax.nn.relu(x), 2)
+
+
+class DenseRelu(nnx.Module):
+  """dense - relu (flattens its input first)."""
+
+  def __init__(self, din, dout, *, rngs):
+    self.dense = layers.Dense(din, dout, rngs=rngs)
+
+  def __call__(self, x, *, train=False, mask=None):
+    return jax.nn.relu(self.dense(x))
+
+
+def check_options(name: str, input_shape, num_classes: int, norm: str,
+                  conv_impl: str, depthwise_impl: str) -> None:
+  """Validates the options every model factory shares.
+
+  Args:
+    name: model name, for the message.
+    input_shape: ``(H, W, C)`` of one sample.
+    num_classes: output width.
+    norm: one of ``layers.NORMS``.
+    conv_impl: one of ``layers.CONV_IMPLS``.
+    depthwise_impl: one of ``layers.DEPTHWISE_IMPLS``.
+
+  Raises:
+    ValueError: naming the first bad option and what is allowed.
+  """
+  if len(tuple(input_shape)) != 3 or min(input_shape) < 1:
+    raise ValueError(f"{name}: input_shape={tuple(input_shape)!r}; allowed: "
+                     "(H, W, C) with positive sizes")
+  if not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+    raise ValueError(f"{name}: num_classes={num_classes!r}; allowed: an int >= 1")
+  if norm not in layers.NORMS:
+    raise ValueError(f"{name}: norm={norm!r}; allowed: {layers.NORMS}")
+  if conv_impl not in layers.CONV_IMPLS:
+    raise ValueError(f"{name}: conv_impl={conv_impl!r}; allowed: "
+                     f"{layers.CONV_IMPLS}")
+  if depthwise_impl not in layers.DEPTHWISE_IMPLS:
+    raise ValueError(f"{name}: depthwise_impl={depthwise_impl!r}; allowed: "
+                     f"{layers.DEPTHWISE_IMPLS}")
+
+
+@register("lenet5")
+def lenet5(input_shape, num_classes, *, norm: str = "none",
+           conv_impl: str | None = None,
+           depthwise_impl: str | None = None) -> StagedModel:
+  """Builds LeNet-5 (stage numbering in the module docstring).
+
+  Args:
+    input_shape: ``(H, W, C)`` of one sample; H and W at least 12.
+    num_classes: output width.
+    norm: ``"none"`` (the original LeNet), ``"batch"`` or ``"group"``, applied
+      after each convolution.
+    conv_impl: ``"xla"`` or ``"im2col"``; None picks
+      :func:`layers.default_conv_impl`.
+    depthwise_impl: unused (no depthwise layers); validated and accepted for a
+      uniform factory interface.
+
+  Returns:
+    The :class:`StagedModel` with 5 stages, default cut 2, default head cut 4.
+  """
+  conv_impl = conv_impl or layers.default_conv_impl()
+  depthwise_impl = depthwise_impl or layers.default_depthwise_impl()
+  check_options("lenet5", input_shape, num_classes, norm, conv_impl,
+                 depthwise_impl)
+  h, w, c = input_shape
+  # conv1 SAME keeps h; pool halves; conv2 VALID removes 4; pool halves.
+  fh, fw = (h // 2 - 4) // 2, (w // 2 - 4) // 2
+  if fh < 1 or fw < 1:
+    raise ValueError(f"lenet5: input_shape={tuple(input_shape)!r}; allowed: "
+                     "H and W at least 12")
+  flat = fh * fw * 16
+
+  def build(rngs):
+    return [
+        ConvPoolBlock(c, 6, padding="SAME", norm=norm, conv_impl=conv_impl,
+                      rngs=rngs),
+        ConvPoolBlock(6, 16, padding="VALID", norm=norm, conv_impl=conv_impl,
+                      rngs=rngs),
+        DenseRelu(flat, 120, rngs=rngs),
+        DenseRelu(120, 84, rngs=rngs),
+        layers.Dense(84, num_classes, rngs=rngs),
+    ]
+
+  return StagedModel("lenet5", build, tuple(input_shape), num_classes,
+                     default_cut=2, default_head_cut=4,
+                     stage_names=("conv1", "conv2", "fc1", "fc2", "fc3"))

@@ -1,0 +1,426 @@
+"""Tests of the conv lowerings and the model zoo (lenet5, mobilenet_v1, resnet18).
+
+Cost notes (2 CPU cores): compiling dominates, not running.  Models are built
+narrow (width 1/8); each (model, mode) compiles one program that runs the full
+forward and the splits together, cached and shared between tests; parameters
+for forward tests come from numpy (compiling ``model.init``'s random
+initialisers costs about a second per parameter shape).  The structural tests
+use the ``xla``/``grouped`` lowerings, whose programs compile several times
+faster than ``im2col``/``shifts`` ones; the lowerings are compared with each
+other separately.  The heaviest duplicates are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jsfl.models import get_model, layers, mobilenet_v1, resnet18
+
+SHAPES = [(32, 32, 3), (28, 28, 1)]
+NUM_CLASSES = 7
+WIDTH = {"lenet5": {}, "mobilenet_v1": {"width": 0.125},
+         "resnet18": {"width": 0.125}}
+NAMES = list(WIDTH)
+MODELS = [(name, shape) for name in NAMES for shape in SHAPES]
+XLA = {"conv_impl": "xla", "depthwise_impl": "grouped"}
+FAST_CPU = {"conv_impl": "im2col", "depthwise_impl": "shifts"}
+
+
+def _model(name, shape, **options):
+  return get_model(name, shape, NUM_CLASSES, **{**WIDTH[name], **options})
+
+
+@functools.cache
+def _init(model, seed=0):
+  """Random ``(params, stats)`` shaped like ``model.init``'s, from numpy.
+
+  ``model.init`` compiles one random-number program per parameter shape
+  (seconds each here); the forward tests need only generic values: He-normal
+  kernels, scales and biases near 1 and 0, and running statistics away from
+  their initial 0 / 1 so that eval-mode BatchNorm is not an identity.
+  """
+  rng = np.random.default_rng(seed)
+
+  def fill(path, a):
+    name = jax.tree_util.keystr(path)
+    noise = rng.normal(size=a.shape).astype(np.float32)
+    if "kernel" in name:
+      return noise * np.float32(math.sqrt(2.0 / math.prod(a.shape[:-1])))
+    if "scale" in name or "var" in name:
+      return 1.0 + 0.1 * np.abs(noise)
+    return 0.1 * noise  # biases and running means
+
+  abstract = jax.eval_shape(model.init, jax.random.key(0))
+  return jax.tree_util.tree_map_with_path(fill, abstract)
+
+
+@functools.cache
+def _fn(model, start, train):
+  """``model.apply`` from stage ``start``, jitted once per model and mode."""
+  return jax.jit(functools.partial(model.apply, start=start, train=train))
+
+
+def _run(model, params, stats, x, a=0, b=None, *, train, mask=None):
+  """Runs stages ``[a, b)`` through the shared jitted apply."""
+  b = model.num_stages if b is None else b
+  return _fn(model, a, train)(params[a:b], stats[a:b], x, mask=mask)
+
+
+def _batch(shape, n=4, seed=0):
+  return np.random.default_rng(100 + seed).normal(
+      size=(n,) + shape).astype(np.float32)
+
+
+def _close(a, b, rtol=1e-5, atol=1e-5):
+  chex.assert_trees_all_close(a, b, rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------- lowerings
+
+
+def _lowering_cases(fn, impls, kernel, kernel_io, channels):
+  """Values and input/kernel gradients of ``fn`` under two impls, jitted.
+
+  Covers strides 1 and 2 with SAME and VALID padding on a 9x10 input (odd
+  and even sizes); inputs come from numpy so that no random-number program
+  has to be compiled.
+  """
+  rng = np.random.default_rng(kernel)
+  w = rng.normal(size=(kernel, kernel) + kernel_io).astype(np.float32) / kernel
+  x = rng.normal(size=(2, 9, 10, channels)).astype(np.float32)
+  cases = [(s, p) for s in (1, 2) for p in ("SAME", "VALID")]
+  cots = []
+  for s, p in cases:
+    shape = jax.eval_shape(functools.partial(
+        fn, stride=s, padding=p, impl=impls[0]), x, w).shape
+    cots.append(rng.normal(size=shape).astype(np.float32))
+
+  @jax.jit
+  def run(x, w, cots):
+    results = []
+    for (s, p), cot in zip(cases, cots):
+      outs, grads = [], []
+      for impl in impls:
+        f = functools.partial(fn, stride=s, padding=p, impl=impl)
+        y, vjp = jax.vjp(f, x, w)
+        outs.append(y)
+        grads.append(vjp(cot))
+      results.append((outs, grads))
+    return results
+
+  return cases, run(x, w, cots)
+
+
+@pytest.mark.parametrize("kernel", [1, 3, 5, 7])
+def test_conv2d_im2col_matches_xla_values_and_grads(kernel):
+  cases, results = _lowering_cases(layers.conv2d, ("xla", "im2col"), kernel,
+                                   (3, 4), 3)
+  for (stride, padding), (outs, grads) in zip(cases, results):
+    if padding == "SAME":
+      expect = (2, -(-9 // stride), -(-10 // stride), 4)
+    else:
+      expect = (2, (9 - kernel) // stride + 1, (10 - kernel) // stride + 1, 4)
+    chex.assert_shape(outs, expect)
+    assert float(jnp.abs(outs[0]).max()) > 0.1
+    _close(outs[1], outs[0])
+    _close(grads[1], grads[0])  # w.r.t. input and kernel
+
+
+# The models use 3x3 depthwise kernels only; 5x5 is in the slow suite.
+@pytest.mark.parametrize("kernel", [3, pytest.param(5, marks=pytest.mark.slow)])
+def test_depthwise_shifts_matches_grouped_values_and_grads(kernel):
+  cases, results = _lowering_cases(layers.depthwise_conv2d,
+                                   ("grouped", "shifts"), kernel, (1, 5), 5)
+  for _, (outs, grads) in zip(cases, results):
+    chex.assert_equal_shape(outs)
+    assert float(jnp.abs(outs[0]).max()) > 0.1
+    _close(outs[1], outs[0])
+    _close(grads[1], grads[0])
+
+
+def test_lowering_names_are_validated():
+  x, w = jnp.ones((1, 4, 4, 2)), jnp.ones((3, 3, 2, 2))
+  with pytest.raises(ValueError, match="'fft'"):
+    layers.conv2d(x, w, impl="fft")
+  with pytest.raises(ValueError, match="'loop'"):
+    layers.depthwise_conv2d(x, jnp.ones((3, 3, 1, 2)), impl="loop")
+
+
+# ------------------------------------------------------------------- models
+
+
+@functools.cache
+def _splits_fn(model, train):
+  """One jitted program: the full forward, every stage run on its own from its
+  index (the output of ``[0, c)`` fed to ``apply(start=c)``, i.e. every cut),
+  and the 3-portion (Hydra) split at the default cuts.
+
+  One program instead of one per cut keeps compile time to about that of a
+  single forward pass.
+  """
+  c, cb = model.default_cut, model.default_head_cut
+
+  def run(params, stats, x):
+    full, full_stats = model.apply(params, stats, x, train=train)
+    h, chain_stats = x, ()
+    for i in range(model.num_stages):
+      h, st = model.apply(params[i:i + 1], stats[i:i + 1], h, start=i,
+                          train=train)
+      chain_stats += st
+    chain = h
+    h, s1 = model.apply(params[:c], stats[:c], x, train=train)
+    h, s2 = model.apply(params[c:cb], stats[c:cb], h, start=c, train=train)
+    split, s3 = model.apply(params[cb:], stats[cb:], h, start=cb, train=train)
+    return full, full_stats, chain, chain_stats, split, s1 + s2 + s3
+
+  return jax.jit(run)
+
+
+def _check_splits(m, params, stats, x, *, train):
+  """Asserts the split forwards equal the full one; returns its outputs."""
+  full, full_stats, chain, chain_stats, split, split_stats = _splits_fn(
+      m, train)(params, stats, x)
+  chex.assert_shape(full, (x.shape[0], NUM_CLASSES))
+  chex.assert_tree_all_finite(full)
+  assert float(jnp.std(full)) > 1e-3  # not a constant map
+  _close(chain, full, rtol=1e-5, atol=1e-6)
+  _close(split, full, rtol=1e-5, atol=1e-6)
+  _close(chain_stats, full_stats, rtol=1e-5, atol=1e-6)
+  _close(split_stats, full_stats, rtol=1e-5, atol=1e-6)
+  return full, full_stats
+
+
+@pytest.mark.parametrize("name,shape", MODELS)
+def test_split_forward_equals_full_forward_eval(name, shape):
+  m = _model(name, shape, **XLA)
+  params, stats = _init(m)
+  _, new_stats = _check_splits(m, params, stats, _batch(shape), train=False)
+  chex.assert_trees_all_equal(new_stats, stats)  # eval leaves stats alone
+
+
+@pytest.mark.parametrize("name,shape", MODELS)
+def test_split_forward_equals_full_forward_train_group_norm(name, shape):
+  m = _model(name, shape, norm="group", **XLA)
+  params, stats = _init(m, 1)
+  assert not jax.tree.leaves(stats)  # GroupNorm keeps no statistics
+  _check_splits(m, params, stats, _batch(shape, seed=1), train=True)
+
+
+def _bn_model(name, shape):
+  # mobilenet_v1 and resnet18 default to BatchNorm: reuse the eval test's
+  # model object and so its compiled programs.
+  norm = {"norm": "batch"} if name == "lenet5" else {}
+  return _model(name, shape, **norm, **XLA)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_norm_stats_update_only_in_train_mode(name):
+  shape = SHAPES[0]
+  m = _bn_model(name, shape)
+  params, stats = _init(m)
+  x = 3.0 + _batch(shape)
+  _, eval_stats = _check_splits(m, params, stats, x, train=False)
+  chex.assert_trees_all_equal(eval_stats, stats)
+  # Training splits agree too, statistics included.
+  _, new_stats = _check_splits(m, params, stats, x, train=True)
+  chex.assert_trees_all_equal_structs(new_stats, stats)
+  for i, (old, new) in enumerate(zip(stats, new_stats)):
+    for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new)):
+      assert not np.allclose(a, b), f"stage {i} statistics did not move"
+  # Momentum 0.9: the first BN's running mean moves a tenth of the way to
+  # the batch mean of its input, the stem conv's output (a stage of its own
+  # in resnet18).
+  first = next(i for i, s in enumerate(stats) if jax.tree.leaves(s))
+  assert first == (1 if name == "resnet18" else 0)
+  kernel = (params[0]["conv"] if first == 0 else params[0])["kernel"]
+  pre = layers.conv2d(x, kernel, impl="xla")
+  means = [[a for p, a in jax.tree_util.tree_leaves_with_path(st[first])
+            if "mean" in jax.tree_util.keystr(p)] for st in (stats, new_stats)]
+  assert len(means[0]) == 1
+  _close(means[1][0], 0.9 * means[0][0] + 0.1 * pre.mean((0, 1, 2)),
+         rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mask_keeps_padding_out_of_batch_norm_stats(name):
+  shape = SHAPES[0]
+  m = _bn_model(name, shape)
+  params, stats = _init(m)
+  x = 3.0 + _batch(shape)
+  garbage = 50.0 * _batch(shape, n=3, seed=4) + 20.0
+  padded = jnp.concatenate([x, garbage])
+  mask = jnp.arange(7) < 4
+  ref_y, ref_stats = _check_splits(m, params, stats, x, train=True)
+  y, got_stats = _run(m, params, stats, padded, train=True, mask=mask)
+  _close(got_stats, ref_stats, rtol=1e-4, atol=1e-5)
+  _close(y[:4], ref_y, rtol=1e-4, atol=1e-4)
+  # The garbage rows would move the statistics if they were let in.
+  _, all_in = _run(m, params, stats, padded, train=True, mask=jnp.ones(7, bool))
+  assert not np.allclose(jax.tree.leaves(all_in)[0],
+                         jax.tree.leaves(ref_stats)[0], rtol=1e-2)
+
+
+def _check_vmapped_init(m):
+  keys = jax.random.split(jax.random.key(4), 3)
+  params, stats = jax.vmap(m.init)(keys)
+  chex.assert_trees_all_equal_structs((params, stats), _init(m))
+  kernels = [(jax.tree_util.keystr(p), a)
+             for p, a in jax.tree_util.tree_leaves_with_path(params)
+             if "kernel" in jax.tree_util.keystr(p)]
+  assert len(kernels) >= 5
+  for name, k in kernels:
+    assert k.shape[0] == 3
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+      assert not np.allclose(k[i], k[j]), f"{name}: seeds {i}, {j} agree"
+  # The largest kernel's spread is that of its initialiser (He-normal for
+  # convs, LeCun-normal for dense layers), not that of a constant.
+  name, k = max(kernels, key=lambda nk: nk[1].size)
+  fan_in = math.prod(k.shape[1:-1])
+  assert 0.5 / math.sqrt(fan_in) < float(np.std(k[2])) < 2.0 / math.sqrt(fan_in)
+  chex.assert_trees_all_equal(jax.vmap(m.init)(keys), (params, stats))
+
+
+def test_vmapped_init_gives_different_params_per_key():
+  # Compiling random initialisers is slow on CPU (about a second per
+  # parameter shape here); the key plumbing is shared by every StagedModel,
+  # so the fast suite checks the values on lenet5 and the traced shapes of
+  # the others (the slow suite checks their values).
+  _check_vmapped_init(_model("lenet5", SHAPES[1], **XLA))
+  keys = jax.random.split(jax.random.key(4), 3)
+  for name in ("mobilenet_v1", "resnet18"):
+    m = _model(name, SHAPES[0], **XLA)
+    abstract = jax.eval_shape(jax.vmap(m.init), keys)
+    single = jax.eval_shape(m.init, keys[0])
+    chex.assert_trees_all_equal_structs(abstract, single)
+    for a, b in zip(jax.tree.leaves(abstract), jax.tree.leaves(single)):
+      assert a.shape == (3,) + b.shape
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mobilenet_v1", "resnet18"])
+def test_vmapped_init_gives_different_params_per_key_large(name):
+  _check_vmapped_init(_model(name, SHAPES[0], **XLA))
+
+
+def _check_impls_agree(name, shape, train):
+  a = _model(name, shape, **XLA)
+  b = _model(name, shape, **FAST_CPU)
+  params, stats = _init(a)
+  chex.assert_trees_all_equal_structs(
+      jax.eval_shape(b.init, jax.random.key(0)), (params, stats))
+  x = _batch(shape, seed=5)
+  ya, sa = _run(a, params, stats, x, train=train)
+  yb, sb = _run(b, params, stats, x, train=train)
+  # BatchNorm over 4 samples at 2x2 amplifies float32 rounding in training.
+  tol = 1e-4 if train else 1e-5
+  _close(yb, ya, rtol=1e-4, atol=tol)
+  _close(sb, sa, rtol=1e-4, atol=tol)
+
+
+# im2col programs of resnet18 take seconds to compile; one of its input
+# shapes is in the slow suite.
+@pytest.mark.parametrize("name,shape", [
+    pytest.param(n, s, marks=pytest.mark.slow) if (n, s) == (
+        "resnet18", SHAPES[1]) else (n, s) for n, s in MODELS])
+def test_conv_and_depthwise_impls_give_same_logits(name, shape):
+  _check_impls_agree(name, shape, train=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,shape", MODELS)
+def test_conv_and_depthwise_impls_agree_in_training(name, shape):
+  _check_impls_agree(name, shape, train=True)
+
+
+def _n_params(model):
+  abstract = jax.eval_shape(model.init, jax.random.key(0))[0]
+  return sum(math.prod(a.shape) for a in jax.tree.leaves(abstract))
+
+
+def test_full_size_parameter_counts():
+  # Classic LeNet-5 on 28x28x1: 156 + 2416 + 48120 + 10164 + 850.
+  assert _n_params(get_model("lenet5", (28, 28, 1), 10)) == 61706
+  # 32x32 inputs reach fc1 at 6x6: 16 * 36 * 120 + 120 for fc1.
+  assert _n_params(get_model("lenet5", (32, 32, 3), 10)) == (
+      456 + 2416 + 69240 + 10164 + 850)
+  # CIFAR ResNet-18 with 10 classes (the widely quoted 11,173,962).
+  assert _n_params(get_model("resnet18", (32, 32, 3), 10)) == 11173962
+  # MobileNetV1: stem + BN, 13 x (dw + BN + pw + BN), classifier.
+  expect, c = 3 * 3 * 3 * 32 + 2 * 32, 32
+  for cout, _ in mobilenet_v1.BLOCKS:
+    expect += 9 * c + 2 * c + c * cout + 2 * cout
+    c = cout
+  expect += 1024 * 10 + 10
+  assert _n_params(get_model("mobilenet_v1", (32, 32, 3), 10)) == expect
+
+
+def test_documented_stages_and_cuts():
+  mb = _model("mobilenet_v1", SHAPES[0], **XLA)
+  assert mb.num_stages == 28
+  assert mb.stage_names[:5] == ("stem", "dw1", "pw1", "dw2", "pw2")
+  assert mb.stage_names[-3:] == ("dw13", "pw13", "classifier")
+  assert (mb.default_cut, mb.default_head_cut) == (4, 26)
+  assert mobilenet_v1.CUTS == {"shallow": 4, "mid": 15, "deep": 23}
+  assert mobilenet_v1.HEAD_CUTS == {"small": 26, "large": 20}
+  rn = _model("resnet18", SHAPES[0], **XLA)
+  assert rn.num_stages == 12
+  assert rn.stage_names[:4] == ("conv1", "bn1", "block1", "block2")
+  assert rn.stage_names[-2:] == ("avgpool", "fc")
+  assert (rn.default_cut, rn.default_head_cut) == (4, 10)
+  assert resnet18.CUTS == {"shallow": 2, "mid": 6, "deep": 10}
+  ln = _model("lenet5", SHAPES[1], **XLA)
+  assert ln.stage_names == ("conv1", "conv2", "fc1", "fc2", "fc3")
+  assert (ln.default_cut, ln.default_head_cut) == (2, 4)
+  # What the client sends at the default cuts (shapes only, nothing runs).
+  x = jax.ShapeDtypeStruct((4,) + SHAPES[0], jnp.float32)
+  for m, expect in ((mb, (4, 16, 16, 8)), (rn, (4, 32, 32, 8))):
+    p, s = jax.eval_shape(m.init, jax.random.key(0))
+    c = m.default_cut
+    h = jax.eval_shape(lambda p, s, x, m=m, c=c: m.apply(
+        p[:c], s[:c], x, train=False)[0], p, s, x)
+    assert h.shape == expect
+  p, s = jax.eval_shape(ln.init, jax.random.key(0))
+  h = jax.eval_shape(lambda p, s, x: ln.apply(p[:2], s[:2], x, train=False)[0],
+                     p, s, jax.ShapeDtypeStruct((4, 28, 28, 1), jnp.float32))
+  assert h.shape == (4, 5, 5, 16)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("option,value", [
+    ("norm", "layer"), ("conv_impl", "fft"), ("depthwise_impl", "loop")])
+def test_get_model_rejects_bad_options(name, option, value):
+  with pytest.raises(ValueError, match=f"{option}='{value}'.*allowed"):
+    _model(name, SHAPES[0], **{option: value})
+
+
+def test_get_model_rejects_bad_name_width_shape_and_classes():
+  with pytest.raises(ValueError, match="'lenet6'.*allowed.*lenet5"):
+    get_model("lenet6", (32, 32, 3), 10)
+  for name in ("mobilenet_v1", "resnet18"):
+    with pytest.raises(ValueError, match="width=0"):
+      get_model(name, (32, 32, 3), 10, width=0)
+  with pytest.raises(ValueError, match=r"input_shape=\(8, 8, 1\)"):
+    get_model("lenet5", (8, 8, 1), 10)
+  with pytest.raises(ValueError, match=r"input_shape=\(32, 32\)"):
+    get_model("resnet18", (32, 32), 10)
+  with pytest.raises(ValueError, match="num_classes=0"):
+    get_model("resnet18", (32, 32, 3), 0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_check_cut_bounds(name):
+  m = _model(name, SHAPES[0], **XLA)
+  s = m.num_stages
+  assert m.check_cut(1) == 1 and m.check_cut(s - 1) == s - 1
+  assert m.check_cut(m.default_cut) == m.default_cut
+  assert m.check_cut(m.default_head_cut, "cut_b") == m.default_head_cut
+  for bad in (0, -1, s, s + 3):
+    with pytest.raises(ValueError, match=rf"cut={bad}.*\[1, {s - 1}\]"):
+      m.check_cut(bad)
