@@ -167,13 +167,17 @@ def bench_loop(args, clients, seeds):
 
 
 def bench_central(args, clients):
-  """One whole-model SGD step at batch clients * B (the ceiling)."""
+  """One whole-model SGD step at batch clients * B (the ceiling).
+
+  Capped at ``--central-max-batch`` (memory: MobileNetV1 at batch 6400 needs
+  tens of GB of activations); the batch actually used is recorded.
+  """
   setup = make_setup(args, clients)
   model = setup.model
   tx = common.make_optimizer()
   p, s = model.init(jax.random.key(0))
   o = common.with_lr(tx.init(p), 0.01)
-  B = clients * args.batch
+  B = min(clients * args.batch, args.central_max_batch)
   x = jax.random.normal(jax.random.key(1), (B, 32, 32, 3))
   y = jax.random.randint(jax.random.key(2), (B,), 0, 10)
 
@@ -187,7 +191,7 @@ def bench_central(args, clients):
     return jax.tree.map(jnp.add, p, u), ns, o
 
   first, t = _timed(lambda: step(p, s, o), args.repeats)
-  return {"first_call_s": first, "step_s": t, "samples_per_s": B / t}
+  return {"first_call_s": first, "step_s": t, "batch": B, "samples_per_s": B / t}
 
 
 def machine():
@@ -209,8 +213,15 @@ def main(argv=None):
   ap.add_argument("--seeds", type=int, nargs="+", default=[1, 8])
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--strategies", action="store_true",
-                  help="also time client_exec x conv lowerings (smallest clients, 1 seed)")
+                  help="also time client_exec x conv lowerings (smallest clients, 1 seed) "
+                  "and seed_exec vmap vs map (--strategy-seeds seeds)")
+  ap.add_argument("--strategy-seeds", type=int, default=4)
   ap.add_argument("--skip-loop", action="store_true")
+  ap.add_argument("--loop-max-seeds", type=int, default=64,
+                  help="skip the loop baseline above this many seeds")
+  ap.add_argument("--max-samples", type=int, default=1 << 30,
+                  help="skip grid cells with more samples per round (CPU budgets)")
+  ap.add_argument("--central-max-batch", type=int, default=2048)
   ap.add_argument("--skip-central", action="store_true")
   ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
   args = ap.parse_args(argv)
@@ -231,8 +242,12 @@ def main(argv=None):
       except Exception as e:  # e.g. out of memory at a huge total batch
         central[clients] = {"error": repr(e)[:300]}
     for seeds in args.seeds:
+      if clients * seeds * args.steps * args.batch > args.max_samples:
+        print(f"| {clients} | {seeds} | skipped: over --max-samples |")
+        res["rows"].append({"clients": clients, "seeds": seeds, "skipped": "max-samples"})
+        continue
       row = {"clients": clients, "seeds": seeds, "jsfl": bench_jsfl(args, clients, seeds)}
-      if not args.skip_loop:
+      if not args.skip_loop and seeds <= args.loop_max_seeds:
         row["loop"] = bench_loop(args, clients, seeds)
       row["central"] = central.get(clients)
       j = row["jsfl"]["samples_per_s"]
@@ -251,19 +266,20 @@ def main(argv=None):
     res["strategies"] = []
     print("\n| client_exec | seed_exec | conv_impl | depthwise_impl | seeds | samples/s | compile+first (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for conv_impl in ("xla", "im2col"):
-      for dw in ("grouped", "shifts"):
-        for ce_ in ("vmap", "map", "unroll"):
-          for seeds, seed_exec in ((1, "vmap"), (max(args.seeds), "vmap"), (max(args.seeds), "map")):
-            if seeds == 1 and seed_exec == "map":
-              continue
-            r = bench_jsfl(args, clients, seeds, seed_exec=seed_exec, client_exec=ce_,
-                           conv_impl=conv_impl, depthwise_impl=dw)
-            r.update(client_exec=ce_, seed_exec=seed_exec, conv_impl=conv_impl,
-                     depthwise_impl=dw, seeds=seeds, clients=clients)
-            res["strategies"].append(r)
-            print(f"| {ce_} | {seed_exec} | {conv_impl} | {dw} | {seeds} | "
-                  f"{r['samples_per_s']:,.0f} | {r['first_call_s']:.1f} |", flush=True)
+    grid = [(ce_, "vmap", conv_impl, dw, 1)
+            for conv_impl in ("xla", "im2col") for dw in ("grouped", "shifts")
+            for ce_ in ("vmap", "map", "unroll")]
+    grid += [("vmap", se, None, None, args.strategy_seeds) for se in ("vmap", "map")]
+    for ce_, seed_exec, conv_impl, dw, seeds in grid:
+      r = bench_jsfl(args, clients, seeds, seed_exec=seed_exec, client_exec=ce_,
+                     conv_impl=conv_impl, depthwise_impl=dw)
+      conv_impl = conv_impl or layers.default_conv_impl()
+      dw = dw or layers.default_depthwise_impl()
+      r.update(client_exec=ce_, seed_exec=seed_exec, conv_impl=conv_impl,
+               depthwise_impl=dw, seeds=seeds, clients=clients)
+      res["strategies"].append(r)
+      print(f"| {ce_} | {seed_exec} | {conv_impl} | {dw} | {seeds} | "
+            f"{r['samples_per_s']:,.0f} | {r['first_call_s']:.1f} |", flush=True)
   os.makedirs(args.out, exist_ok=True)
   stamp = time.strftime("%Y%m%d-%H%M%S")
   path = os.path.join(args.out, f"throughput-{jax.default_backend()}-{args.model}-{stamp}.json")
