@@ -39,11 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from jsfl import runner  # noqa: E402
 from jsfl.data import load_dataset  # noqa: E402
 from jsfl.engine import batching, common  # noqa: E402
 from jsfl.methods import base, sfl  # noqa: E402
 from jsfl.models import get_model, layers  # noqa: E402
-from jsfl import runner  # noqa: E402
 
 
 def _block(x):
@@ -104,7 +104,7 @@ def bench_jsfl(args, clients, seeds, seed_exec="vmap", **setup_kw):
 def bench_loop(args, clients, seeds):
   """The same math as jitted per-client calls driven by Python loops."""
   setup = make_setup(args, clients, client_exec="vmap")
-  model, cut = setup.model, setup.cut
+  model = setup.model
   data, seed_data = workload(args, clients, 1)
   tx = common.make_optimizer()
 
@@ -151,7 +151,9 @@ def bench_loop(args, clients, seeds):
         for c in range(clients):
           x, y = get_batch(table[c, b * args.batch:(b + 1) * args.batch])
           a, s1[c] = fwd(p1[c], s1[c], x)
-          xs.append(x); ys.append(y); acts.append(a)
+          xs.append(x)
+          ys.append(y)
+          acts.append(a)
         grads = [None] * clients
         for c in np.random.permutation(clients):
           p2, s2, o2, grads[c] = server(p2, s2, o2, acts[c], ys[c])

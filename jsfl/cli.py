@@ -7,7 +7,6 @@ it and what is allowed; no run directory is left behind), 1 anything else.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from jsfl import __version__
@@ -63,6 +62,7 @@ def _fail(msg: str) -> int:
 
 def cmd_run(args) -> int:
   import os
+
   from jsfl import config as config_lib
   if args.config and "=" in args.config and not os.path.exists(args.config):
     args.overrides.insert(0, args.config)  # no config file: all overrides
@@ -75,7 +75,7 @@ def cmd_run(args) -> int:
     exp = runner.prepare(cfg)
   except config_lib.ConfigError as e:
     return _fail(str(e))
-  from jsfl import runner, report
+  from jsfl import report, runner
   out = runner.run(cfg, exp)
   if not args.quiet:
     print(report.summary_table(out))
@@ -84,7 +84,7 @@ def cmd_run(args) -> int:
 
 
 def _parse_kv(items):
-  from jsfl.config import ConfigError, parse_override
+  from jsfl.config import parse_override
   opts = {}
   for it in items:
     _, k, v = parse_override(f"p.{it}")
@@ -94,9 +94,10 @@ def _parse_kv(items):
 
 def cmd_partition(args) -> int:
   import numpy as np
+
+  from jsfl import partitions
   from jsfl.config import ConfigError
   from jsfl.data import load_dataset
-  from jsfl import partitions
   try:
     opts = _parse_kv(args.options)
     ds = load_dataset(args.dataset, data_dir=args.data_dir)

@@ -32,7 +32,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import tomllib
 from typing import Any
@@ -204,7 +203,7 @@ def _check_method_options(cfg):
       raise _unknown(f"method.{key}", key, set(SCHEMA["method"]) | set(options))
     cfg["method"][key] = _check_value(f"method.{key}", cfg["method"][key],
                                       options[key][:2] + ("",) + options[key][3:4])
-  for key, (typ, default, *_rest) in options.items():
+  for key, (_typ, default, *_rest) in options.items():
     cfg["method"].setdefault(key, default)
 
 

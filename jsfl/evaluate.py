@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 import optax
+from jax import lax
 
 from jsfl.data import normalize
 

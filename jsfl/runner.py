@@ -9,7 +9,6 @@ is one more jitted program over the whole test set for all seeds.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 import time
 from typing import Any
@@ -19,12 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsfl import __version__, config as config_lib, metrics, rundir
+from jsfl import __version__, metrics, rundir
+from jsfl import config as config_lib
 from jsfl.data import load_dataset
 from jsfl.evaluate import chunk_test_set, evaluate
 from jsfl.methods.base import Setup, get_method
-from jsfl.models import get_model
-from jsfl.models import layers
+from jsfl.models import get_model, layers
 from jsfl.partitions import dominant_labels, index_table, label_counts, make_partition
 
 SHARED_KEYS = ("x", "y", "mean", "std")
@@ -181,7 +180,8 @@ def _device_kind() -> str:
 
 
 def _versions() -> dict:
-  import flax, optax
+  import flax
+  import optax
   return {"jsfl": __version__, "jax": jax.__version__, "flax": flax.__version__,
           "optax": optax.__version__, "python": sys.version.split()[0]}
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from jsfl import cli, config as config_lib
+from jsfl import cli
 from jsfl.rundir import read_metrics
 
 SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_classes=4",

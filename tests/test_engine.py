@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jsfl import config as config_lib, runner
+from jsfl import config as config_lib
+from jsfl import runner
 from jsfl.engine import batching, common
 from jsfl.methods import base, sfl
 from jsfl.models import get_model
@@ -116,7 +117,7 @@ def test_seed_axis_equals_separate_runs(method, seed_exec):
   together, losses = train(common_ + ["run.seeds=3", "run.seed=10"])
   for i, s in [(0, 10), (2, 12)]:
     alone, l_alone = train(common_ + ["run.seeds=1", f"run.seed={s}"])
-    chex.assert_trees_all_close(jax.tree.map(lambda a: a[i], together),
+    chex.assert_trees_all_close(jax.tree.map(lambda a, i=i: a[i], together),
                                 jax.tree.map(lambda a: a[0], alone), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(losses[i], l_alone[0], rtol=1e-5, atol=1e-6)
   # different seeds really differ (init, partition, sampling)

@@ -14,12 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import make_fed_data
 
 from jsfl.engine import batching, common
 from jsfl.methods import base, fedavg, sfl, splitfedv1
 from jsfl.models import get_model
-
-from conftest import make_fed_data
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -85,15 +84,11 @@ def ref_avg(trees, weights):
   return jax.tree.map(lambda *xs: sum(float(wi) * x for wi, x in zip(w, xs)), *trees)
 
 
-def schedule(setup, data, key, round_idx, n_keys):
-  """The round's random decisions, drawn exactly as the method draws them."""
-  keys = jax.random.split(key, n_keys)
-  clients = common.sample_clients(keys[0], setup.num_clients, setup.clients_per_round)
-  sizes = data["sizes"][clients]
-  idx, mask = batching.round_batches(keys[1], data["table"][clients], sizes,
-                                     setup.batch_size, setup.local_epochs, clients)
-  lr = float(max(setup.lr * setup.lr_decay ** round_idx, setup.lr_min))
-  return keys, clients, np.asarray(sizes), np.asarray(idx), np.asarray(mask), lr
+def schedule(setup, data, key, round_idx):
+  """The round's random decisions, drawn exactly as the methods draw them."""
+  plan = base.plan_round(setup, data, key, jnp.int32(round_idx))
+  return (plan.order_key, plan.clients, np.asarray(plan.sizes), np.asarray(plan.idx),
+          np.asarray(plan.mask), float(plan.lr))
 
 
 def loss_fn(model, p, s, x, y, m, start=0):
@@ -118,7 +113,7 @@ def ref_fedavg(setup, data, key, rounds):
   losses = []
   for r in range(rounds):
     _, clients, sizes, idx, mask, lr = schedule(
-        setup, data, jax.random.fold_in(key, r), r, 2)
+        setup, data, jax.random.fold_in(key, r), r)
     outs, lsum = [], 0.0
     for c in range(len(clients)):
       p, s, buf = params, stats, zeros_like(params)
@@ -170,10 +165,10 @@ def ref_sfl(setup, data, key, rounds):
   part2, stats2, buf2 = st.part2, st.part2_stats, zeros_like(st.part2)
   losses, orders_seen = [], []
   for r in range(rounds):
-    keys, clients, sizes, idx, mask, lr = schedule(
-        setup, data, jax.random.fold_in(key, r), r, 3)
+    order_key, clients, sizes, idx, mask, lr = schedule(
+        setup, data, jax.random.fold_in(key, r), r)
     orders = np.asarray(common.processing_orders(
-        setup.order, keys[2], idx.shape[0], clients, data["dominant"],
+        setup.order, order_key, idx.shape[0], clients, data["dominant"],
         st.label_rank))
     orders_seen.append(np.asarray(clients)[orders])
     n = len(clients)

@@ -24,8 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jsfl.data.idx import IDX_SOURCES, DatasetNotFound
-from jsfl.data.idx import load_idx_dataset
+from jsfl.data.idx import IDX_SOURCES, DatasetNotFound, load_idx_dataset
 from jsfl.data.synthetic import make_synthetic
 from jsfl.data.tfds_source import TFDS_SOURCES, load_tfds_dataset
 

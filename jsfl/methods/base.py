@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax import lax
 
+from jsfl.engine import batching, common
 from jsfl.models.base import StagedModel
 
 CLIENT_EXECS = ("vmap", "map", "unroll")
@@ -60,7 +63,7 @@ class Setup:
   def option(self, name: str, default=None):
     return dict(self.options).get(name, default)
 
-  def replace(self, **kw) -> "Setup":
+  def replace(self, **kw) -> Setup:
     return dataclasses.replace(self, **kw)
 
 
@@ -82,6 +85,44 @@ def map_clients(fn: Callable, how: str, *args):
     outs = [fn(*jax.tree.map(lambda a, i=i: a[i], args)) for i in range(n)]
     return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
   raise ValueError(f"client_exec={how!r}; allowed: {CLIENT_EXECS}")
+
+
+class RoundPlan(NamedTuple):
+  """A round's random decisions and optimiser, shared by every method."""
+
+  clients: jax.Array    # (n,) participating client ids, ascending
+  sizes: jax.Array      # (n,) their sample counts (aggregation weights)
+  idx: jax.Array        # (T, n, B) sample indices of every batch step
+  mask: jax.Array       # (T, n, B) which of them exist
+  order_key: jax.Array  # for the processing order of sequential methods
+  tx: optax.GradientTransformation
+  lr: jax.Array         # this round's decayed learning rate
+
+
+def plan_round(setup: Setup, data, key, round_idx) -> RoundPlan:
+  """Samples participants, shuffles their batches, and sets the round's lr."""
+  k_part, k_batch, k_order = jax.random.split(key, 3)
+  clients = common.sample_clients(k_part, setup.num_clients,
+                                  setup.clients_per_round)
+  sizes = data["sizes"][clients]
+  idx, mask = batching.round_batches(k_batch, data["table"][clients], sizes,
+                                     setup.batch_size, setup.local_epochs, clients)
+  tx = common.make_optimizer(setup.momentum, setup.weight_decay)
+  lr = common.round_lr(setup.lr, setup.lr_decay, setup.lr_min, round_idx)
+  return RoundPlan(clients, sizes, idx, mask, k_order, tx, lr)
+
+
+def fresh_opt_states(plan: RoundPlan, stacked_params):
+  """Per-client optimiser states, rebuilt every round (SPEC 1.3)."""
+  return jax.vmap(lambda p: common.with_lr(plan.tx.init(p), plan.lr))(stacked_params)
+
+
+def round_metrics(plan: RoundPlan, loss_sums, clients=None) -> dict:
+  """Mean train loss, samples processed, and the logged client order."""
+  samples = jnp.sum(plan.mask)
+  return {"loss": jnp.sum(loss_sums) / jnp.maximum(samples, 1),
+          "samples": samples,
+          "clients": plan.clients if clients is None else clients}
 
 
 METHODS = {

@@ -15,7 +15,14 @@ from flax import struct
 from jax import lax
 
 from jsfl.engine import batching, common
-from jsfl.methods.base import Setup, map_clients, portion_bytes
+from jsfl.methods.base import (
+  Setup,
+  fresh_opt_states,
+  map_clients,
+  plan_round,
+  portion_bytes,
+  round_metrics,
+)
 
 
 @struct.dataclass
@@ -58,17 +65,11 @@ def round(setup: Setup, state: State, data, key):
     ``(state, metrics)`` with metrics ``loss`` (mean train loss), ``samples``
     (samples processed) and ``clients`` (participants).
   """
-  k_part, k_batch = jax.random.split(key)
-  n = setup.clients_per_round
-  clients = common.sample_clients(k_part, setup.num_clients, n)
-  sizes = data["sizes"][clients]
-  idx, mask = batching.round_batches(k_batch, data["table"][clients], sizes,
-                                     setup.batch_size, setup.local_epochs, clients)
-  tx = common.make_optimizer(setup.momentum, setup.weight_decay)
-  lr = common.round_lr(setup.lr, setup.lr_decay, setup.lr_min, state.round)
+  plan = plan_round(setup, data, key, state.round)
+  tx, n = plan.tx, setup.clients_per_round
   params = common.broadcast(state.params, n)
   stats = common.broadcast(state.stats, n)
-  opt = jax.vmap(lambda p: common.with_lr(tx.init(p), lr))(params)
+  opt = fresh_opt_states(plan, params)
 
   def step(carry, batch):
     params, stats, opt = carry
@@ -78,14 +79,11 @@ def round(setup: Setup, state: State, data, key):
         setup.client_exec, params, stats, opt, b_idx, b_mask)
     return (params, stats, opt), jnp.sum(lsum)
 
-  (params, stats, _), lsums = lax.scan(step, (params, stats, opt), (idx, mask))
-  w = sizes.astype(jnp.float32)
-  new = State(common.weighted_mean(params, w), common.weighted_mean(stats, w),
-              state.round + 1)
-  samples = jnp.sum(mask)
-  metrics = {"loss": jnp.sum(lsums) / jnp.maximum(samples, 1),
-             "samples": samples, "clients": clients}
-  return new, metrics
+  (params, stats, _), lsums = lax.scan(step, (params, stats, opt),
+                                       (plan.idx, plan.mask))
+  new = State(common.weighted_mean(params, plan.sizes),
+              common.weighted_mean(stats, plan.sizes), state.round + 1)
+  return new, round_metrics(plan, lsums)
 
 
 def output_model(setup: Setup, state: State):

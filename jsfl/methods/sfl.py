@@ -31,7 +31,14 @@ from flax import struct
 from jax import lax
 
 from jsfl.engine import batching, common
-from jsfl.methods.base import Setup, map_clients, split_communication
+from jsfl.methods.base import (
+  Setup,
+  fresh_opt_states,
+  map_clients,
+  plan_round,
+  round_metrics,
+  split_communication,
+)
 
 
 @struct.dataclass
@@ -55,14 +62,13 @@ def init(setup: Setup, key) -> State:
                jnp.zeros((), jnp.int32))
 
 
-def server_step(setup: Setup, tx, part2, stats2, opt, act, y, mask):
-  """One sequential server update on one client's cut-layer activations.
+def server_grads(setup: Setup, part2, stats2, act, y, mask):
+  """Server portion's loss on one client batch and its two gradients.
 
-  Returns the updated server portion and the gradient of the batch's mean
-  loss w.r.t. ``act`` (what the client receives); a no-op on an empty batch.
+  Returns:
+    ``(loss, new_stats2, grad w.r.t. part2, grad w.r.t. act)``; the last is
+    the cut-layer gradient the client receives.
   """
-  active = jnp.any(mask)
-
   def loss_fn(p, a):
     logits, ns = setup.model.apply(p, stats2, a, start=setup.cut, train=True,
                                    mask=mask)
@@ -70,6 +76,17 @@ def server_step(setup: Setup, tx, part2, stats2, opt, act, y, mask):
 
   (loss, ns), (g_p, g_a) = jax.value_and_grad(
       loss_fn, argnums=(0, 1), has_aux=True)(part2, act)
+  return loss, ns, g_p, g_a
+
+
+def server_step(setup: Setup, tx, part2, stats2, opt, act, y, mask):
+  """One sequential server update on one client's cut-layer activations.
+
+  Returns the updated server portion and the gradient of the batch's mean
+  loss w.r.t. ``act`` (what the client receives); a no-op on an empty batch.
+  """
+  active = jnp.any(mask)
+  loss, ns, g_p, g_a = server_grads(setup, part2, stats2, act, y, mask)
   part2, opt = common.sgd_update(tx, part2, g_p, opt, active)
   stats2 = common.gate(active, ns, stats2)
   return part2, stats2, opt, g_a, loss * jnp.sum(mask)
@@ -121,32 +138,23 @@ def round(setup: Setup, state: State, data, key):
     ``(state, metrics)``; metrics: ``loss``, ``samples``, ``clients``
     (participants in the first batch step's processing order).
   """
-  k_part, k_batch, k_order = jax.random.split(key, 3)
+  plan = plan_round(setup, data, key, state.round)
   n = setup.clients_per_round
-  clients = common.sample_clients(k_part, setup.num_clients, n)
-  sizes = data["sizes"][clients]
-  idx, mask = batching.round_batches(k_batch, data["table"][clients], sizes,
-                                     setup.batch_size, setup.local_epochs, clients)
-  orders = common.processing_orders(setup.order, k_order, idx.shape[0], clients,
-                                    data["dominant"], state.label_rank)
-  tx = common.make_optimizer(setup.momentum, setup.weight_decay)
-  lr = common.round_lr(setup.lr, setup.lr_decay, setup.lr_min, state.round)
+  orders = common.processing_orders(setup.order, plan.order_key, plan.idx.shape[0],
+                                    plan.clients, data["dominant"], state.label_rank)
   part1 = common.broadcast(state.part1, n)
   stats1 = common.broadcast(state.part1_stats, n)
-  opt1 = jax.vmap(lambda p: common.with_lr(tx.init(p), lr))(part1)
-  opt2 = common.with_lr(state.server_opt, lr)
-  carry = (part1, stats1, opt1, state.part2, state.part2_stats, opt2)
-  carry, lsums = lax.scan(
-      lambda c, b: batch_step(setup, tx, data, c, b), carry, (idx, mask, orders))
+  opt2 = common.with_lr(state.server_opt, plan.lr)
+  carry = (part1, stats1, fresh_opt_states(plan, part1), state.part2,
+           state.part2_stats, opt2)
+  carry, lsums = lax.scan(lambda c, b: batch_step(setup, plan.tx, data, c, b),
+                          carry, (plan.idx, plan.mask, orders))
   part1, stats1, _, part2, stats2, opt2 = carry
-  w = sizes.astype(jnp.float32)
-  new = state.replace(part1=common.weighted_mean(part1, w),
-                      part1_stats=common.weighted_mean(stats1, w),
+  new = state.replace(part1=common.weighted_mean(part1, plan.sizes),
+                      part1_stats=common.weighted_mean(stats1, plan.sizes),
                       part2=part2, part2_stats=stats2, server_opt=opt2,
                       round=state.round + 1)
-  samples = jnp.sum(mask)
-  return new, {"loss": jnp.sum(lsums) / jnp.maximum(samples, 1),
-               "samples": samples, "clients": clients[orders[0]]}
+  return new, round_metrics(plan, lsums, plan.clients[orders[0]])
 
 
 def output_model(setup: Setup, state: State):

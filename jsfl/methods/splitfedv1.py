@@ -18,7 +18,15 @@ from flax import struct
 from jax import lax
 
 from jsfl.engine import batching, common
-from jsfl.methods.base import Setup, map_clients, split_communication
+from jsfl.methods import sfl
+from jsfl.methods.base import (
+  Setup,
+  fresh_opt_states,
+  map_clients,
+  plan_round,
+  round_metrics,
+  split_communication,
+)
 
 
 @struct.dataclass
@@ -46,13 +54,7 @@ def split_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, idx, mask):
       lambda p: setup.model.apply(p, s1, x, train=True, mask=mask), p1,
       has_aux=True)
 
-  def server_loss(p, a):
-    logits, ns = setup.model.apply(p, s2, a, start=setup.cut, train=True,
-                                   mask=mask)
-    return common.masked_cross_entropy(logits, y, mask), ns
-
-  (loss, ns2), (g2, g_a) = jax.value_and_grad(
-      server_loss, argnums=(0, 1), has_aux=True)(p2, act)
+  loss, ns2, g2, g_a = sfl.server_grads(setup, p2, s2, act, y, mask)
   (g1,) = vjp_fn(g_a)
   p1, o1 = common.sgd_update(tx, p1, g1, o1, active)
   p2, o2 = common.sgd_update(tx, p2, g2, o2, active)
@@ -63,33 +65,22 @@ def split_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, idx, mask):
 
 def round(setup: Setup, state: State, data, key):
   """One SplitFedV1 round; same signature and metrics as ``fedavg.round``."""
-  k_part, k_batch = jax.random.split(key)
+  plan = plan_round(setup, data, key, state.round)
   n = setup.clients_per_round
-  clients = common.sample_clients(k_part, setup.num_clients, n)
-  sizes = data["sizes"][clients]
-  idx, mask = batching.round_batches(k_batch, data["table"][clients], sizes,
-                                     setup.batch_size, setup.local_epochs, clients)
-  tx = common.make_optimizer(setup.momentum, setup.weight_decay)
-  lr = common.round_lr(setup.lr, setup.lr_decay, setup.lr_min, state.round)
   p1, s1 = common.broadcast(state.part1, n), common.broadcast(state.part1_stats, n)
   p2, s2 = common.broadcast(state.part2, n), common.broadcast(state.part2_stats, n)
-  init_opt = jax.vmap(lambda p: common.with_lr(tx.init(p), lr))
-  carry = (p1, s1, init_opt(p1), p2, s2, init_opt(p2))
+  carry = (p1, s1, fresh_opt_states(plan, p1), p2, s2, fresh_opt_states(plan, p2))
 
   def step(carry, batch):
     out = map_clients(
-        lambda *a: split_step(setup, tx, data, *a), setup.client_exec,
+        lambda *a: split_step(setup, plan.tx, data, *a), setup.client_exec,
         *carry, *batch)
     return out[:6], jnp.sum(out[6])
 
-  (p1, s1, _, p2, s2, _), lsums = lax.scan(step, carry, (idx, mask))
-  w = sizes.astype(jnp.float32)
-  new = State(common.weighted_mean(p1, w), common.weighted_mean(s1, w),
-              common.weighted_mean(p2, w), common.weighted_mean(s2, w),
-              state.round + 1)
-  samples = jnp.sum(mask)
-  return new, {"loss": jnp.sum(lsums) / jnp.maximum(samples, 1),
-               "samples": samples, "clients": clients}
+  (p1, s1, _, p2, s2, _), lsums = lax.scan(step, carry, (plan.idx, plan.mask))
+  avg = lambda t: common.weighted_mean(t, plan.sizes)
+  new = State(avg(p1), avg(s1), avg(p2), avg(s2), state.round + 1)
+  return new, round_metrics(plan, lsums)
 
 
 def output_model(setup: Setup, state: State):
