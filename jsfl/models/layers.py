@@ -19,6 +19,7 @@ enter the batch statistics).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Literal
 
 import jax
@@ -220,3 +221,58 @@ def max_pool(x, window: int = 2, stride: int | None = None):
 
 def avg_pool_global(x):
   return jnp.mean(x, axis=(1, 2))
+
+
+# Blocks shared by the small models.
+class ConvPoolBlock(nnx.Module):
+  """conv - norm - relu - maxpool2."""
+
+  def __init__(self, cin, cout, kernel, *, padding="SAME", norm, conv_impl, rngs):
+    # A bias in front of a normalisation would be cancelled by its mean.
+    self.conv = Conv(cin, cout, kernel, padding=padding, impl=conv_impl,
+                     use_bias=norm == "none", rngs=rngs)
+    self.norm = Norm2d(cout, norm, rngs=rngs)
+
+  def __call__(self, x, *, train=False, mask=None):
+    x = self.norm(self.conv(x), train=train, mask=mask)
+    return max_pool(jax.nn.relu(x), 2)
+
+
+class DenseRelu(nnx.Module):
+  """dense - relu (flattens its input first)."""
+
+  def __init__(self, din, dout, *, rngs):
+    self.dense = Dense(din, dout, rngs=rngs)
+
+  def __call__(self, x, *, train=False, mask=None):
+    return jax.nn.relu(self.dense(x))
+
+
+def check_options(name: str, input_shape, num_classes: int, norm: str,
+                  conv_impl: str, depthwise_impl: str) -> None:
+  """Validates the options every model factory shares.
+
+  Args:
+    name: model name, for the message.
+    input_shape: ``(H, W, C)`` of one sample.
+    num_classes: output width.
+    norm: one of ``NORMS``.
+    conv_impl: one of ``CONV_IMPLS``.
+    depthwise_impl: one of ``DEPTHWISE_IMPLS``.
+
+  Raises:
+    ValueError: naming the first bad option and what is allowed.
+  """
+  if len(tuple(input_shape)) != 3 or min(input_shape) < 1:
+    raise ValueError(f"{name}: input_shape={tuple(input_shape)!r}; allowed: "
+                     "(H, W, C) with positive sizes")
+  if not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+    raise ValueError(f"{name}: num_classes={num_classes!r}; allowed: an int >= 1")
+  if norm not in NORMS:
+    raise ValueError(f"{name}: norm={norm!r}; allowed: {NORMS}")
+  if conv_impl not in CONV_IMPLS:
+    raise ValueError(f"{name}: conv_impl={conv_impl!r}; allowed: "
+                     f"{CONV_IMPLS}")
+  if depthwise_impl not in DEPTHWISE_IMPLS:
+    raise ValueError(f"{name}: depthwise_impl={depthwise_impl!r}; allowed: "
+                     f"{DEPTHWISE_IMPLS}")

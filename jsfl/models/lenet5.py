@@ -19,67 +19,8 @@ fc1); a 32x32 input gives 32 -> 16 -> 12 -> 6 (16*6*6 = 576 features).
 
 from __future__ import annotations
 
-import numbers
-
-import jax
-from flax import nnx
-
 from jsfl.models import layers
 from jsfl.models.base import StagedModel, register
-
-
-class ConvPoolBlock(nnx.Module):
-  """conv - norm - relu - maxpool2."""
-
-  def __init__(self, cin, cout, *, padding, norm, conv_impl, rngs):
-    # A bias in front of a normalisation would be cancelled by its mean.
-    self.conv = layers.Conv(cin, cout, 5, padding=padding, impl=conv_impl,
-                            use_bias=norm == "none", rngs=rngs)
-    self.norm = layers.Norm2d(cout, norm, rngs=rngs)
-
-  def __call__(self, x, *, train=False, mask=None):
-    x = self.norm(self.conv(x), train=train, mask=mask)
-    return layers.max_pool(jax.nn.relu(x), 2)
-
-
-class DenseRelu(nnx.Module):
-  """dense - relu (flattens its input first)."""
-
-  def __init__(self, din, dout, *, rngs):
-    self.dense = layers.Dense(din, dout, rngs=rngs)
-
-  def __call__(self, x, *, train=False, mask=None):
-    return jax.nn.relu(self.dense(x))
-
-
-def check_options(name: str, input_shape, num_classes: int, norm: str,
-                  conv_impl: str, depthwise_impl: str) -> None:
-  """Validates the options every model factory shares.
-
-  Args:
-    name: model name, for the message.
-    input_shape: ``(H, W, C)`` of one sample.
-    num_classes: output width.
-    norm: one of ``layers.NORMS``.
-    conv_impl: one of ``layers.CONV_IMPLS``.
-    depthwise_impl: one of ``layers.DEPTHWISE_IMPLS``.
-
-  Raises:
-    ValueError: naming the first bad option and what is allowed.
-  """
-  if len(tuple(input_shape)) != 3 or min(input_shape) < 1:
-    raise ValueError(f"{name}: input_shape={tuple(input_shape)!r}; allowed: "
-                     "(H, W, C) with positive sizes")
-  if not isinstance(num_classes, numbers.Integral) or num_classes < 1:
-    raise ValueError(f"{name}: num_classes={num_classes!r}; allowed: an int >= 1")
-  if norm not in layers.NORMS:
-    raise ValueError(f"{name}: norm={norm!r}; allowed: {layers.NORMS}")
-  if conv_impl not in layers.CONV_IMPLS:
-    raise ValueError(f"{name}: conv_impl={conv_impl!r}; allowed: "
-                     f"{layers.CONV_IMPLS}")
-  if depthwise_impl not in layers.DEPTHWISE_IMPLS:
-    raise ValueError(f"{name}: depthwise_impl={depthwise_impl!r}; allowed: "
-                     f"{layers.DEPTHWISE_IMPLS}")
 
 
 @register("lenet5")
@@ -103,7 +44,7 @@ def lenet5(input_shape, num_classes, *, norm: str = "none",
   """
   conv_impl = conv_impl or layers.default_conv_impl()
   depthwise_impl = depthwise_impl or layers.default_depthwise_impl()
-  check_options("lenet5", input_shape, num_classes, norm, conv_impl,
+  layers.check_options("lenet5", input_shape, num_classes, norm, conv_impl,
                  depthwise_impl)
   h, w, c = input_shape
   # conv1 SAME keeps h; pool halves; conv2 VALID removes 4; pool halves.
@@ -115,12 +56,12 @@ def lenet5(input_shape, num_classes, *, norm: str = "none",
 
   def build(rngs):
     return [
-        ConvPoolBlock(c, 6, padding="SAME", norm=norm, conv_impl=conv_impl,
+        layers.ConvPoolBlock(c, 6, 5, padding="SAME", norm=norm, conv_impl=conv_impl,
                       rngs=rngs),
-        ConvPoolBlock(6, 16, padding="VALID", norm=norm, conv_impl=conv_impl,
+        layers.ConvPoolBlock(6, 16, 5, padding="VALID", norm=norm, conv_impl=conv_impl,
                       rngs=rngs),
-        DenseRelu(flat, 120, rngs=rngs),
-        DenseRelu(120, 84, rngs=rngs),
+        layers.DenseRelu(flat, 120, rngs=rngs),
+        layers.DenseRelu(120, 84, rngs=rngs),
         layers.Dense(84, num_classes, rngs=rngs),
     ]
 

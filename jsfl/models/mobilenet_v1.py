@@ -45,7 +45,6 @@ from flax import nnx
 
 from jsfl.models import layers
 from jsfl.models.base import StagedModel, register
-from jsfl.models.lenet5 import check_options
 
 BLOCKS = ((64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
           (512, 1), (512, 1), (512, 1), (512, 1), (512, 1), (1024, 2),
@@ -122,7 +121,7 @@ def mobilenet_v1(input_shape, num_classes, *, norm: str = "batch",
   """
   conv_impl = conv_impl or layers.default_conv_impl()
   depthwise_impl = depthwise_impl or layers.default_depthwise_impl()
-  check_options("mobilenet_v1", input_shape, num_classes, norm, conv_impl,
+  layers.check_options("mobilenet_v1", input_shape, num_classes, norm, conv_impl,
                 depthwise_impl)
   if not isinstance(width, numbers.Real) or not width > 0:
     raise ValueError(f"mobilenet_v1: width={width!r}; allowed: a number > 0")

@@ -13,30 +13,8 @@ Fashion-MNIST; ``width=32`` restores the larger one.
 
 from __future__ import annotations
 
-import jax
-from flax import nnx
-
 from jsfl.models import layers
 from jsfl.models.base import StagedModel, register
-
-
-class ConvBlock(nnx.Module):
-  def __init__(self, cin, cout, *, norm, conv_impl, rngs):
-    self.conv = layers.Conv(cin, cout, 3, impl=conv_impl, use_bias=norm == "none",
-                            rngs=rngs)
-    self.norm = layers.Norm2d(cout, norm, rngs=rngs)
-
-  def __call__(self, x, *, train=False, mask=None):
-    x = self.norm(self.conv(x), train=train, mask=mask)
-    return layers.max_pool(jax.nn.relu(x), 2)
-
-
-class DenseRelu(nnx.Module):
-  def __init__(self, din, dout, *, rngs):
-    self.dense = layers.Dense(din, dout, rngs=rngs)
-
-  def __call__(self, x, *, train=False, mask=None):
-    return jax.nn.relu(self.dense(x))
 
 
 @register("small_cnn")
@@ -44,16 +22,18 @@ def small_cnn(input_shape, num_classes, *, norm: str = "none",
               conv_impl: str | None = None, width: int = 16, hidden: int = 128,
               depthwise_impl: str | None = None) -> StagedModel:
   """Builds the small CNN; ``norm`` in {"none", "batch", "group"}."""
-  del depthwise_impl  # no depthwise layers; accepted for a uniform interface
-  h, w, c = input_shape
   conv_impl = conv_impl or layers.default_conv_impl()
+  layers.check_options("small_cnn", input_shape, num_classes, norm, conv_impl,
+                       depthwise_impl or layers.default_depthwise_impl())
+  h, w, c = input_shape
   flat = (h // 4) * (w // 4) * 2 * width
 
   def build(rngs):
     return [
-        ConvBlock(c, width, norm=norm, conv_impl=conv_impl, rngs=rngs),
-        ConvBlock(width, 2 * width, norm=norm, conv_impl=conv_impl, rngs=rngs),
-        DenseRelu(flat, hidden, rngs=rngs),
+        layers.ConvPoolBlock(c, width, 3, norm=norm, conv_impl=conv_impl, rngs=rngs),
+        layers.ConvPoolBlock(width, 2 * width, 3, norm=norm, conv_impl=conv_impl,
+                             rngs=rngs),
+        layers.DenseRelu(flat, hidden, rngs=rngs),
         layers.Dense(hidden, num_classes, rngs=rngs),
     ]
 
