@@ -32,6 +32,14 @@ def describe(run_dir: str) -> dict:
     by_round.setdefault(r["round"], []).append(r["accuracy"])
   med = {k: float(np.median(v)) for k, v in sorted(by_round.items())}
   first85 = next((k for k, v in med.items() if v >= 85.0), None)
+  # Per-position accuracy (cyclic orders): median over the last 5 evaluated
+  # rounds and the seeds, position 1 = first label group served in a step.
+  pos = [r["per_position_accuracy"] for r in recs if r.get("per_position_accuracy")]
+  last = sorted(by_round)[-5:]
+  pos_last = [r["per_position_accuracy"] for r in recs
+              if r.get("per_position_accuracy") and r["round"] in last]
+  per_position = (np.median(np.array(pos_last), axis=0).round(2).tolist()
+                  if pos else None)
   part = dict(c["partition"])
   pdesc = part.pop("name") + "".join(f" {k}={v}" for k, v in part.items() if k != "num_clients")
   return {
@@ -41,7 +49,8 @@ def describe(run_dir: str) -> dict:
       "rounds": c["run"]["rounds"], "seeds": summ["seeds"],
       "accuracy": summ["accuracy"], "pg": summ["pg"], "bw": summ["bw"],
       "best_median_accuracy": max(med.values()), "first_round_median_ge_85": first85,
-      "median_accuracy_by_round": med,
+      "median_accuracy_by_round": med, "per_position_accuracy": per_position,
+      "cut": cfg["resolved"]["cut"],
       "wall_s": float(sum(r["wall_s"] for r in recs if r["seed"] == summ["seeds"][0])),
       "device": cfg["device"], "versions": cfg["versions"],
   }
@@ -64,15 +73,24 @@ def main():
     for s in ([d] if os.path.exists(os.path.join(d, "summary.json")) else subs):
       if os.path.exists(os.path.join(s, "summary.json")):
         runs.append(describe(s))
-  lines = ["| method | partition | order | seeds | accuracy (%) | PG (pp) | BW (pp) | best median acc | first round >= 85% | wall (s) |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  lines = ["| method | partition | order | cut | seeds | accuracy (%) | PG (pp) | BW (pp) | best median acc | first round >= 85% | wall (s) |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for r in runs:
-    lines.append(f"| {r['method']} | {r['partition']} | {r['order']} | {len(r['seeds'])} | "
+    lines.append(f"| {r['method']} | {r['partition']} | {r['order']} | {r['cut']} | {len(r['seeds'])} | "
                  f"{fmt(r['accuracy'])} | {fmt(r['pg'])} | {fmt(r['bw'])} | "
                  f"{r['best_median_accuracy']:.2f} | {r['first_round_median_ge_85'] or '-'} | "
                  f"{r['wall_s']:.0f} |")
   machine = {"platform": platform.platform(), "processor": platform.machine(),
              "cpus": os.cpu_count(), "device": runs[0]["device"] if runs else None}
+  pp = [r for r in runs if r["per_position_accuracy"]]
+  if pp:
+    lines += ["", "Per-position accuracy (%), cyclic order, median over the last 5 evaluated "
+              "rounds and seeds; position 1 is served first in every batch step:", "",
+              "| run | " + " | ".join(str(i + 1) for i in range(len(pp[0]["per_position_accuracy"])))
+              + " |", "| --- |" + " --- |" * len(pp[0]["per_position_accuracy"])]
+    for r in pp:
+      lines.append(f"| {r['run']} | " + " | ".join(f"{v:.1f}" for v in r["per_position_accuracy"])
+                   + " |")
   text = "\n".join(lines)
   print(text)
   os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
