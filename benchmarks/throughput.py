@@ -218,6 +218,10 @@ def main(argv=None):
                   help="also time client_exec x conv lowerings (smallest clients, 1 seed) "
                   "and seed_exec vmap vs map (--strategy-seeds seeds)")
   ap.add_argument("--strategy-seeds", type=int, default=4)
+  ap.add_argument("--strategy-impls", nargs="+",
+                  default=["xla:grouped", "xla:shifts", "im2col:grouped", "im2col:shifts"],
+                  help="conv:depthwise lowerings to sweep (on XLA:CPU, xla:grouped under "
+                  "vmap in a rolled scan ran > 600 s for one 10-client round)")
   ap.add_argument("--skip-loop", action="store_true")
   ap.add_argument("--loop-max-seeds", type=int, default=64,
                   help="skip the loop baseline above this many seeds")
@@ -268,8 +272,8 @@ def main(argv=None):
     res["strategies"] = []
     print("\n| client_exec | seed_exec | conv_impl | depthwise_impl | seeds | samples/s | compile+first (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    grid = [(ce_, "vmap", conv_impl, dw, 1)
-            for conv_impl in ("xla", "im2col") for dw in ("grouped", "shifts")
+    impls = [tuple(x.split(":")) for x in args.strategy_impls]
+    grid = [(ce_, "vmap", conv_impl, dw, 1) for conv_impl, dw in impls
             for ce_ in ("vmap", "map", "unroll")]
     grid += [("vmap", se, None, None, args.strategy_seeds) for se in ("vmap", "map")]
     for ce_, seed_exec, conv_impl, dw, seeds in grid:
