@@ -97,7 +97,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "exec": {
         "client_exec": _f(str, "vmap", "how the clients' portions run in one program",
                           ("vmap", "map", "unroll")),
-        "seed_exec": _f(str, "vmap", "how the seed axis runs in one program", ("vmap", "map")),
+        "seed_exec": _f(str, "auto", "how the seed axis runs in one program; auto = the "
+                        "measured default of the backend (runner.default_seed_exec)",
+                        ("auto", "vmap", "map")),
         "server_unroll": _f(int, 1, "unroll factor of the server lax.scan"),
         "eval_batch": _f(int, 1000, "test samples per evaluation chunk"),
         "progress": _f(bool, True, "show a progress bar"),
