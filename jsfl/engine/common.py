@@ -80,11 +80,6 @@ def broadcast(tree, n: int):
   return jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), tree)
 
 
-def tree_bytes(tree, dtype_bytes: int = 4) -> int:
-  """Bytes of a pytree's arrays when sent as ``dtype_bytes``-wide numbers."""
-  return int(sum(a.size for a in jax.tree.leaves(tree))) * dtype_bytes
-
-
 # ------------------------------------------------------------ participation
 def sample_clients(key, num_clients: int, n: int):
   """``n`` distinct client ids, ascending (all of them when n == K)."""

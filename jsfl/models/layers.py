@@ -276,3 +276,25 @@ def check_options(name: str, input_shape, num_classes: int, norm: str,
   if depthwise_impl not in DEPTHWISE_IMPLS:
     raise ValueError(f"{name}: depthwise_impl={depthwise_impl!r}; allowed: "
                      f"{DEPTHWISE_IMPLS}")
+
+
+def resolve_options(name: str, input_shape, num_classes: int, norm: str,
+                    conv_impl: str | None, depthwise_impl: str | None,
+                    width: float | None = None) -> tuple[str, str]:
+  """Fills in the backend's default lowerings and validates every option.
+
+  Args:
+    name: model name, for messages.
+    input_shape, num_classes, norm: as for :func:`check_options`.
+    conv_impl, depthwise_impl: a lowering, or None for the backend default.
+    width: the width multiplier of models that have one (must be > 0).
+
+  Returns:
+    ``(conv_impl, depthwise_impl)`` resolved.
+  """
+  conv_impl = conv_impl or default_conv_impl()
+  depthwise_impl = depthwise_impl or default_depthwise_impl()
+  check_options(name, input_shape, num_classes, norm, conv_impl, depthwise_impl)
+  if width is not None and (not isinstance(width, numbers.Real) or not width > 0):
+    raise ValueError(f"{name}: width={width!r}; allowed: a number > 0")
+  return conv_impl, depthwise_impl

@@ -42,10 +42,8 @@ def lenet5(input_shape, num_classes, *, norm: str = "none",
   Returns:
     The :class:`StagedModel` with 5 stages, default cut 2, default head cut 4.
   """
-  conv_impl = conv_impl or layers.default_conv_impl()
-  depthwise_impl = depthwise_impl or layers.default_depthwise_impl()
-  layers.check_options("lenet5", input_shape, num_classes, norm, conv_impl,
-                 depthwise_impl)
+  conv_impl, depthwise_impl = layers.resolve_options(
+      "lenet5", input_shape, num_classes, norm, conv_impl, depthwise_impl)
   h, w, c = input_shape
   # conv1 SAME keeps h; pool halves; conv2 VALID removes 4; pool halves.
   fh, fw = (h // 2 - 4) // 2, (w // 2 - 4) // 2

@@ -38,8 +38,6 @@ ones and the stem get one).
 
 from __future__ import annotations
 
-import numbers
-
 import jax
 from flax import nnx
 
@@ -119,12 +117,8 @@ def mobilenet_v1(input_shape, num_classes, *, norm: str = "batch",
     The :class:`StagedModel` with 28 stages, default cut 4, default head cut
     26.
   """
-  conv_impl = conv_impl or layers.default_conv_impl()
-  depthwise_impl = depthwise_impl or layers.default_depthwise_impl()
-  layers.check_options("mobilenet_v1", input_shape, num_classes, norm, conv_impl,
-                depthwise_impl)
-  if not isinstance(width, numbers.Real) or not width > 0:
-    raise ValueError(f"mobilenet_v1: width={width!r}; allowed: a number > 0")
+  conv_impl, depthwise_impl = layers.resolve_options(
+      "mobilenet_v1", input_shape, num_classes, norm, conv_impl, depthwise_impl, width)
 
   def ch(c):
     return max(1, int(c * width))

@@ -36,8 +36,6 @@ heads.
 
 from __future__ import annotations
 
-import numbers
-
 import jax
 from flax import nnx
 
@@ -122,12 +120,8 @@ def resnet18(input_shape, num_classes, *, norm: str = "batch",
     The :class:`StagedModel` with 12 stages, default cut 4, default head cut
     10.
   """
-  conv_impl = conv_impl or layers.default_conv_impl()
-  depthwise_impl = depthwise_impl or layers.default_depthwise_impl()
-  layers.check_options("resnet18", input_shape, num_classes, norm, conv_impl,
-                depthwise_impl)
-  if not isinstance(width, numbers.Real) or not width > 0:
-    raise ValueError(f"resnet18: width={width!r}; allowed: a number > 0")
+  conv_impl, depthwise_impl = layers.resolve_options(
+      "resnet18", input_shape, num_classes, norm, conv_impl, depthwise_impl, width)
 
   def ch(c):
     return max(1, int(c * width))

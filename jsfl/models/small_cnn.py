@@ -22,9 +22,8 @@ def small_cnn(input_shape, num_classes, *, norm: str = "none",
               conv_impl: str | None = None, width: int = 16, hidden: int = 128,
               depthwise_impl: str | None = None) -> StagedModel:
   """Builds the small CNN; ``norm`` in {"none", "batch", "group"}."""
-  conv_impl = conv_impl or layers.default_conv_impl()
-  layers.check_options("small_cnn", input_shape, num_classes, norm, conv_impl,
-                       depthwise_impl or layers.default_depthwise_impl())
+  conv_impl, _ = layers.resolve_options("small_cnn", input_shape, num_classes, norm,
+                                        conv_impl, depthwise_impl)
   h, w, c = input_shape
   flat = (h // 4) * (w // 4) * 2 * width
 
