@@ -8,9 +8,12 @@
 #   ablation  Conf1 (no replay) and Conf2 (replay at a fixed proportion equal
 #             to the mean p_r of the MultiSFL cell, read from its
 #             metrics.jsonl; run table1 first) per partition (KoReA-SFL Table 2)
-#   all       both blocks
+#   required  the cells of the issue's check, first: MultiSFL, SFL, FedAvg,
+#             Conf1, Conf2 per partition (then table1 fills in the rest)
+#   all       table1 and ablation
 # Env: OUT (runs/multisfl), ROUNDS / SEEDS / SUBSET to override the config,
-# CONFIG (default experiments/multisfl/fmnist.toml; the cifar*_*.toml files
+# MIN_SIZE (partition.min_size; 5 lets Dirichlet 0.1 split a 12k subset
+# over 100 clients), CONFIG (default experiments/multisfl/fmnist.toml; the cifar*_*.toml files
 # hold the papers' models), PARTS (default "0.1 0.3 0.5 iid").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,6 +27,7 @@ extra=()
 [[ -n "${ROUNDS:-}" ]] && extra+=("run.rounds=$ROUNDS")
 [[ -n "${SEEDS:-}" ]] && extra+=("run.seeds=$SEEDS")
 [[ -n "${SUBSET:-}" ]] && extra+=("dataset.train_subset=$SUBSET")
+[[ -n "${MIN_SIZE:-}" ]] && extra+=("partition.min_size=$MIN_SIZE")
 
 # partition arguments of a partition tag: "iid" or a Dirichlet beta
 part_args() {
@@ -68,6 +72,17 @@ ablation() {
   for part in $parts; do
     local pn p
     pn=$(part_name "$part")
+    cell "${tag}_conf1_$pn" multisfl "$part" method.replay=off
+    p=$(mean_p "${tag}_multisfl_$pn")
+    cell "${tag}_conf2_$pn" multisfl "$part" method.replay=fixed method.p0="$p"
+  done
+}
+
+required() {
+  for part in $parts; do
+    local pn p
+    pn=$(part_name "$part")
+    for m in multisfl sfl fedavg; do cell "${tag}_${m}_$pn" "$m" "$part"; done
     cell "${tag}_conf1_$pn" multisfl "$part" method.replay=off
     p=$(mean_p "${tag}_multisfl_$pn")
     cell "${tag}_conf2_$pn" multisfl "$part" method.replay=fixed method.p0="$p"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax import lax
 
 from jsfl.engine import batching, common
 from jsfl.methods.base import (
@@ -79,8 +78,9 @@ def round(setup: Setup, state: State, data, key):
         setup.client_exec, params, stats, opt, b_idx, b_mask)
     return (params, stats, opt), jnp.sum(lsum)
 
-  (params, stats, _), lsums = lax.scan(step, (params, stats, opt),
-                                       (plan.idx, plan.mask))
+  (params, stats, _), lsums = common.scan_live(
+      step, (params, stats, opt), (plan.idx, plan.mask),
+      common.live_steps(plan.mask))
   new = State(common.weighted_mean(params, plan.sizes),
               common.weighted_mean(stats, plan.sizes), state.round + 1)
   return new, round_metrics(plan, lsums)

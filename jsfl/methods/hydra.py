@@ -255,9 +255,9 @@ def round(setup: Setup, state: State, data, key):
 
   carry = (part1, common.broadcast(state.part1_stats, n),
            fresh_opt_states(plan, part1), server)
-  carry, lsums = lax.scan(
+  carry, lsums = common.scan_live(
       lambda c, b: sfl.split_batch_step(setup, plan.tx, data, c, b, serve),
-      carry, (plan.idx, plan.mask, orders))
+      carry, (plan.idx, plan.mask, orders), common.live_steps(plan.mask))
   part1, stats1, _, (p2a, s2a, o2a, heads, hstats, hopt) = carry
   # FedAvg of the heads (uniform, SPEC 3), copied back into every head.
   mean_head = jax.tree.map(lambda a: jnp.broadcast_to(a.mean(0), a.shape), heads)

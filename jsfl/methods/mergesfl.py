@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jsfl.engine import batching, common
 from jsfl.methods import sfl
@@ -89,8 +88,9 @@ def round(setup: Setup, state: State, data, key):
   stats1 = common.broadcast(state.part1_stats, n)
   carry = (part1, stats1, fresh_opt_states(plan, part1), state.part2,
            state.part2_stats, common.with_lr(state.server_opt, plan.lr))
-  carry, lsums = lax.scan(lambda c, b: batch_step(setup, plan.tx, data, c, b),
-                          carry, (plan.idx, plan.mask))
+  carry, lsums = common.scan_live(
+      lambda c, b: batch_step(setup, plan.tx, data, c, b), carry,
+      (plan.idx, plan.mask), common.live_steps(plan.mask))
   part1, stats1, _, part2, stats2, opt2 = carry
   new = state.replace(part1=common.weighted_mean(part1, plan.sizes),
                       part1_stats=common.weighted_mean(stats1, plan.sizes),

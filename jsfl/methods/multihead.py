@@ -29,7 +29,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax import lax
 
 from jsfl.engine import common
 from jsfl.methods import fedavg
@@ -105,8 +104,9 @@ def round(setup: Setup, state: State, data, key):
         setup.client_exec, params, stats, opt, *batch)
     return (params, stats, opt), jnp.sum(lsum)
 
-  (params, stats, _), lsums = lax.scan(step, (params, stats, opt),
-                                       (plan.idx, plan.mask))
+  (params, stats, _), lsums = common.scan_live(
+      step, (params, stats, opt), (plan.idx, plan.mask),
+      common.live_steps(plan.mask))
   new = state.replace(
       body=common.weighted_mean(params[:h], plan.sizes),
       body_stats=common.weighted_mean(stats[:h], plan.sizes),

@@ -549,7 +549,9 @@ def round(setup: Setup, state: State, data, key):
         *carry, part1, stats1, *batch)
     return out[:7], (jnp.sum(out[7]), jnp.sum(out[8]))
 
-  carry, (lsums, counts) = lax.scan(step, carry, (d.idx, d.mask, d.ridx, d.rmask))
+  carry, (lsums, counts) = common.scan_live(
+      step, carry, (d.idx, d.mask, d.ridx, d.rmask),
+      common.live_steps(d.mask, d.rmask))
   p1, s1, _, p2, s2, opt2, gsum = carry
   steps = jnp.sum(jnp.any(d.mask, axis=2), axis=0)            # (n,)
   fgn_now = fgn(gsum, steps, d.lr)

@@ -174,8 +174,9 @@ def round(setup: Setup, state: State, data, key):
   opt2 = common.with_lr(state.server_opt, plan.lr)
   carry = (part1, stats1, fresh_opt_states(plan, part1), state.part2,
            state.part2_stats, opt2)
-  carry, lsums = lax.scan(lambda c, b: batch_step(setup, plan.tx, data, c, b),
-                          carry, (plan.idx, plan.mask, orders))
+  carry, lsums = common.scan_live(
+      lambda c, b: batch_step(setup, plan.tx, data, c, b), carry,
+      (plan.idx, plan.mask, orders), common.live_steps(plan.mask))
   part1, stats1, _, part2, stats2, opt2 = carry
   new = state.replace(part1=common.weighted_mean(part1, plan.sizes),
                       part1_stats=common.weighted_mean(stats1, plan.sizes),

@@ -39,7 +39,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jsfl.engine import batching, common
 from jsfl.methods import fedntd, sfl
@@ -122,8 +121,8 @@ def split_round(setup: Setup, state, data, key, *, starts=None,
     return sfl.split_batch_step(setup, plan.tx, data, carry, batch, serve)
 
   carry = (part1, stats1, fresh_opt_states(plan, part1), server)
-  (part1, stats1, _, (p2, s2, o2, extra)), lsums = lax.scan(
-      step, carry, (plan.idx, plan.mask, orders))
+  (part1, stats1, _, (p2, s2, o2, extra)), lsums = common.scan_live(
+      step, carry, (plan.idx, plan.mask, orders), common.live_steps(plan.mask))
   return SplitRound(plan, orders, part1, stats1, p2, s2, o2, lsums, extra)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax import lax
 
 from jsfl.engine import batching, common
 from jsfl.methods import sfl
@@ -77,7 +76,8 @@ def round(setup: Setup, state: State, data, key):
         *carry, *batch)
     return out[:6], jnp.sum(out[6])
 
-  (p1, s1, _, p2, s2, _), lsums = lax.scan(step, carry, (plan.idx, plan.mask))
+  (p1, s1, _, p2, s2, _), lsums = common.scan_live(
+      step, carry, (plan.idx, plan.mask), common.live_steps(plan.mask))
   avg = lambda t: common.weighted_mean(t, plan.sizes)
   new = State(avg(p1), avg(s1), avg(p2), avg(s2), state.round + 1)
   return new, round_metrics(plan, lsums)

@@ -95,7 +95,8 @@ def round(setup: Setup, state: State, data, key):
         setup.client_exec, *carry, *batch)
     return out[:6], jnp.sum(out[6])
 
-  (p1, s1, _, p2, s2, _), lsums = lax.scan(step, carry, (plan.idx, plan.mask))
+  (p1, s1, _, p2, s2, _), lsums = common.scan_live(
+      step, carry, (plan.idx, plan.mask), common.live_steps(plan.mask))
   uniform = jnp.ones((n,), jnp.float32)
   new = state.replace(
       part1=common.put_rows(state.part1, plan.clients, p1),
