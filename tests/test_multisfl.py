@@ -552,3 +552,17 @@ def test_new_model_shapes(name, stages, cut, shape):
     assert act.shape == (2, -(-shape[0] // 4), -(-shape[1] // 4), 16)
   else:                 # 24 channels at full resolution
     assert act.shape == (2, shape[0], shape[1], 3)
+
+
+def test_class_pool_ignores_padding_width():
+  """A seed's replay pool must not depend on how wide the table is padded
+  (the widest client of every seed batched with it, e.g. by a sweep)."""
+  d = make_fed_data([13, 7, 20, 5])
+  table, sizes, y = d["table"], d["sizes"], d["y"]
+  wide = jnp.pad(table, ((0, 0), (0, 17)))
+  key = jax.random.key(3)
+  pool, start = multisfl.class_pool(key, table, sizes, y, 4)
+  pool_w, start_w = multisfl.class_pool(key, wide, sizes, y, 4)
+  np.testing.assert_array_equal(start, start_w)
+  n = int(jnp.sum(sizes))  # the valid entries come first, grouped by (client, class)
+  np.testing.assert_array_equal(pool[:n], pool_w[:n])

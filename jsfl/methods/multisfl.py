@@ -306,7 +306,12 @@ def class_pool(key, table, sizes, y, num_classes: int):
     :func:`client_holdings`).
   """
   group = _groups(table, sizes, y, num_classes)
-  order = jnp.lexsort((jax.random.uniform(key, group.shape), group))
+  # Per-row draws keyed by client id: a client's order never depends on the
+  # table's padded width, which is the widest client of all batched seeds.
+  K, M = table.shape
+  u = jax.vmap(lambda c: jax.random.uniform(jax.random.fold_in(key, c), (M,)))(
+      jnp.arange(K))
+  order = jnp.lexsort((u.reshape(-1), group))
   holdings = jnp.bincount(group, length=table.shape[0] * num_classes + 1)[:-1]
   start = (jnp.cumsum(holdings) - holdings).astype(jnp.int32)
   return table.reshape(-1)[order], start
