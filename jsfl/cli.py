@@ -1,4 +1,4 @@
-"""The ``jsfl`` command line: ``jsfl run``, ``partition``, ``report``, ``plot``.
+"""The ``jsfl`` command line: ``jsfl run``, ``sweep``, ``partition``, ``report``, ``plot``.
 
 Exit codes: 0 success, 2 a bad config or argument (one line on stderr naming
 it and what is allowed; no run directory is left behind), 1 anything else.
@@ -18,8 +18,13 @@ TOML (strings may be bare), e.g.
 
   jsfl run experiments/core/fmnist_iid.toml method.name=fedavg run.seeds=5
 
-The run directory (config.json, partition.json, metrics.jsonl, summary.json;
-see docs/run-directory.md) is printed at the end."""
+The run directory (config.json, partition.json, metrics.jsonl, summary.json,
+checkpoints/; see docs/run-directory.md) is printed at the end.  SIGTERM or
+Ctrl-C stops after the current round with a checkpoint (exit 143 / 130);
+
+  jsfl run --resume RUN_DIR
+
+continues a stopped or killed run from its newest checkpoint, in place."""
 
 REPORT_HELP = """\
 Tables of one run, many runs, or a collected sweep.  Each RUN_DIR is a run
@@ -45,6 +50,20 @@ curves with a seed band, per-label accuracy over rounds, per-position accuracy
 
 Prints the path of every PNG written."""
 
+SWEEP_HELP = """\
+Run every cell of a sweep file: a base config, a [grid] of section.key =
+[values] (Cartesian product) and optional [[cells]] of extra overrides.  Each
+cell runs in OUT_DIR/NAME/<cell name>; finished cells are skipped, so rerun
+the same command after a crash.  Cells that differ only in run.seed (seed
+blocks) run as one program and are split back per cell.
+
+  jsfl sweep experiments/sweeps/example.toml --dry-run
+  jsfl sweep experiments/sweeps/example.toml --shard $SLURM_ARRAY_TASK_ID/8
+  jsfl sweep experiments/sweeps/example.toml --collect
+
+Every cell config is validated before anything runs (exit 2).  See
+docs/sweeps.md."""
+
 PARTITION_HELP = """\
 Partition a dataset and print per-client label counts (optionally save JSON).
 
@@ -63,6 +82,19 @@ def _parser() -> argparse.ArgumentParser:
   r.add_argument("overrides", nargs="*", metavar="section.key=value",
                  help="config overrides")
   r.add_argument("--quiet", action="store_true", help="no progress bar or table")
+  d = r.add_argument_group("multi-host (docs/multihost.md)")
+  d.add_argument("--distributed", action="store_true",
+                 help="join a multi-process run with jax.distributed.initialize(); "
+                 "only process 0 writes the run directory")
+  d.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                 help="process 0's address (else $JSFL_COORDINATOR or the cluster's)")
+  d.add_argument("--num-processes", type=int, default=None, metavar="N",
+                 help="processes in the run (else $JSFL_NUM_PROCESSES or the cluster's)")
+  d.add_argument("--process-id", type=int, default=None, metavar="I",
+                 help="this process's rank (else $JSFL_PROCESS_ID or the cluster's)")
+  r.add_argument("--resume", metavar="RUN_DIR", default=None,
+                 help="continue this run directory from its newest checkpoint "
+                 "(no CONFIG or overrides)")
   q = sub.add_parser("partition", help="partition a dataset and show label counts",
                      description=PARTITION_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,6 +120,18 @@ def _parser() -> argparse.ArgumentParser:
                    "instead of the fields that differ")
     t.add_argument("--last", type=int, default=5,
                    help="evaluated rounds per seed in its median (default 5)")
+  w = sub.add_parser("sweep", help="run a grid of configs (cells), skipping finished ones",
+                     description=SWEEP_HELP,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  w.add_argument("sweep_file", help="sweep TOML file (see docs/sweeps.md)")
+  w.add_argument("--shard", default=None, metavar="i/n",
+                 help="only cells i, i+n, i+2n, ... (0 <= i < n), e.g. a job array's task")
+  mode = w.add_mutually_exclusive_group()
+  mode.add_argument("--collect", action="store_true",
+                    help="report every cell into OUT_DIR/NAME/collected and print it")
+  mode.add_argument("--dry-run", action="store_true",
+                    help="list the cells with their status (done, partial, todo)")
+  w.add_argument("--quiet", action="store_true", help="no progress bars")
   sub.add_parser("config-reference", help="print the config reference (markdown)")
   return p
 
@@ -100,7 +144,15 @@ def _fail(msg: str) -> int:
 def cmd_run(args) -> int:
   import os
 
+  if args.distributed:  # before anything else touches a jax backend
+    from jsfl import distributed
+    try:
+      distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    except ValueError as e:
+      return _fail(str(e))
   from jsfl import config as config_lib
+  if args.resume is not None:
+    return _resume(args)
   if args.config and "=" in args.config and not os.path.exists(args.config):
     args.overrides.insert(0, args.config)  # no config file: all overrides
     args.config = None
@@ -114,7 +166,26 @@ def cmd_run(args) -> int:
     return _fail(str(e))
   from jsfl import report, runner
   out = runner.run(cfg, exp)
-  if not args.quiet:
+  from jsfl.distributed import is_writer
+  if not args.quiet and is_writer():  # only process 0 has the files
+    print(report.summary_table(out))
+  print(out)
+  return 0
+
+
+def _resume(args) -> int:
+  from jsfl import config as config_lib
+  if args.config or args.overrides:
+    given = " ".join(([args.config] if args.config else []) + list(args.overrides))
+    return _fail(f"--resume takes only RUN_DIR (the run's own config is used); "
+                 f"got also: {given}")
+  from jsfl import report, runner
+  try:
+    out = runner.resume(args.resume, progress=False if args.quiet else None)
+  except config_lib.ConfigError as e:
+    return _fail(str(e))
+  from jsfl.distributed import is_writer
+  if not args.quiet and is_writer():
     print(report.summary_table(out))
   print(out)
   return 0
@@ -202,6 +273,16 @@ def cmd_plot(args) -> int:
   return 0
 
 
+def cmd_sweep(args) -> int:
+  from jsfl import config as config_lib
+  from jsfl import sweep
+  try:
+    return sweep.main(args.sweep_file, shard_spec=args.shard, collect_only=args.collect,
+                      dry_run=args.dry_run, quiet=args.quiet)
+  except config_lib.ConfigError as e:
+    return _fail(str(e))
+
+
 def main(argv=None) -> int:
   parser = _parser()
   # key=value pairs may follow --flags; argparse alone would reject them there.
@@ -221,6 +302,8 @@ def main(argv=None) -> int:
     return cmd_report(args)
   if args.command == "plot":
     return cmd_plot(args)
+  if args.command == "sweep":
+    return cmd_sweep(args)
   if args.command == "config-reference":
     from jsfl.config import markdown_reference
     print(markdown_reference())

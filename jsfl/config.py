@@ -62,6 +62,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "eval_every": _f(int, 1, "evaluate every this many rounds (and after the last)"),
         "seeds": _f(int, 1, "seeds run together in one compiled program (vmap)"),
         "seed": _f(int, 0, "first seed; seed s uses seed + s for init, partition, sampling, order"),
+        "checkpoint_every": _f(int, 10, "checkpoint (RUN_DIR/checkpoints, last 2 kept) every "
+                               "this many rounds and after the last; 0 = only at the end "
+                               "and on SIGTERM / SIGINT (resume: jsfl run --resume RUN_DIR)"),
     },
     "dataset": {
         "name": _f(str, "fashion_mnist", "dataset",
@@ -103,6 +106,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         "measured default of the backend (runner.default_seed_exec)",
                         ("auto", "vmap", "map")),
         "server_unroll": _f(int, 1, "unroll factor of the server lax.scan"),
+        "mesh": _f(str, "auto", "device mesh 'seeds=S,clients=C' (jsfl.engine.sharding); "
+                   "auto = the devices that divide run.seeds, then the clients per round"),
         "eval_batch": _f(int, 1000, "test samples per evaluation chunk"),
         "progress": _f(bool, True, "show a progress bar"),
     },
@@ -226,6 +231,7 @@ def _check_ranges(cfg):
                ("exec", "eval_batch")):
     _positive(cfg, s, k)
   _positive(cfg, "run", "seed", 0)
+  _positive(cfg, "run", "checkpoint_every", 0)
   n, k = cfg["method"]["clients_per_round"], cfg["partition"]["num_clients"]
   if not 0 <= n <= k:
     raise ConfigError(f"method.clients_per_round={n!r}; allowed: 0 (all) or an "

@@ -7,6 +7,7 @@
     partition.json  per seed: per-client label counts, sizes, dominant labels
     metrics.jsonl   one line per evaluated round and seed (appended, flushed)
     summary.json    Hydra summary over seeds (rewritten atomically)
+    checkpoints/    the last 2 checkpoints, <round>/ (jsfl.checkpoint; orbax)
 
 Every write that replaces a file goes through a temporary file and
 ``os.replace`` so a killed run never leaves a half-written JSON file.
@@ -69,7 +70,7 @@ class MetricsWriter:
   """Appends one JSON line per record and flushes it to disk at once."""
 
   def __init__(self, path: str):
-    self._f = open(path, "a", buffering=1)
+    self._f = open(path, "a", buffering=1)  # noqa: SIM115 (open for the whole run)
 
   def write(self, record: dict) -> None:
     self._f.write(json.dumps(_clean(record)) + "\n")
@@ -83,3 +84,56 @@ class MetricsWriter:
 def read_metrics(path: str) -> list[dict]:
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def read_metrics_upto(path: str, last_round: int) -> list[dict]:
+  """The records of rounds <= ``last_round``, read only (what a non-writing
+  process of a multi-host resume needs; unparsable lines are skipped)."""
+  kept = []
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError:
+          continue
+        if isinstance(rec, dict) and rec.get("round", 0) <= last_round:
+          kept.append(rec)
+  return kept
+
+
+class NullWriter:
+  """A :class:`MetricsWriter` that writes nothing (processes other than 0)."""
+
+  def write(self, record: dict) -> None:
+    del record
+
+  def close(self) -> None:
+    pass
+
+
+def truncate_metrics(path: str, last_round: int) -> list[dict]:
+  """Keeps the records of rounds <= ``last_round`` (what a resumed run
+  continues from) and returns them; rewritten atomically.
+
+  Lines that do not parse (the half-written last line of a killed run) are
+  dropped with the later rounds.  A missing file counts as empty.
+  """
+  kept, lines = [], []
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError:
+          continue
+        if isinstance(rec, dict) and rec.get("round", 0) <= last_round:
+          kept.append(rec)
+          lines.append(line if line.endswith("\n") else line + "\n")
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.writelines(lines)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  return kept

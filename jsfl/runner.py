@@ -9,7 +9,11 @@ is one more jitted program over the whole test set for all seeds.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -18,9 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsfl import __version__, metrics, rundir
+from jsfl import __version__, checkpoint, distributed, metrics, rundir
 from jsfl import config as config_lib
 from jsfl.data import load_dataset
+from jsfl.engine import sharding
 from jsfl.evaluate import chunk_test_set, evaluate, evaluate_logits
 from jsfl.methods.base import Setup, get_method
 from jsfl.models import get_model, layers
@@ -114,6 +119,10 @@ def prepare(cfg: dict) -> Experiment:
       weight_decay=o_cfg["weight_decay"], client_exec=x_cfg["client_exec"],
       server_unroll=x_cfg["server_unroll"],
       options=tuple(sorted(method_opts.items())))
+  try:
+    sharding.mesh_shape(x_cfg["mesh"], jax.device_count(), len(seeds), n)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from None
   if hasattr(method, "validate"):  # method checks needing the model or sizes
     try:
       method.validate(setup)
@@ -130,17 +139,19 @@ def prepare(cfg: dict) -> Experiment:
   return Experiment(cfg, setup, method, dataset, seeds, parts_per_seed, data)
 
 
-def seed_program(fn, how: str, seed_args: int):
+def seed_program(fn, how: str, seed_args: int, spmd_axis_name: str | None = None):
   """Runs ``fn`` for every seed in one program.
 
   The first ``seed_args`` positional arguments carry a leading seed axis, the
   rest are shared.  ``vmap`` batches the seeds; ``map`` is a rolled loop,
   cheaper where batching turns per-seed convolutions into grouped ones.
+  ``spmd_axis_name`` names the mesh axis the seeds lie on, so sharding
+  constraints inside ``fn`` (the client axis) keep the seed axis sharded.
   """
   if how == "vmap":
     def vmapped(*args):
       axes = (0,) * seed_args + (None,) * (len(args) - seed_args)
-      return jax.vmap(fn, in_axes=axes)(*args)
+      return jax.vmap(fn, in_axes=axes, spmd_axis_name=spmd_axis_name)(*args)
     return vmapped
   if how == "map":
     def mapped(*args):
@@ -163,11 +174,26 @@ def default_seed_exec(backend: str | None = None) -> str:
   return "map" if backend == "cpu" else "vmap"
 
 
-def build_programs(exp: Experiment):
-  """The jitted init, round and eval programs over the seed axis."""
+def build_programs(exp: Experiment, mesh=None):
+  """The jitted init, round and eval programs over the seed axis.
+
+  Args:
+    exp: the prepared experiment.
+    mesh: a ``("seeds", "clients")`` device mesh (:mod:`jsfl.engine.sharding`);
+      None or a one-device mesh compiles for the default device.  With more
+      devices, programs take and return seed-sharded state and data, shared
+      data replicated, and the round's metrics and evaluations replicated so
+      every host can read them.
+
+  Returns:
+    ``(init, round, eval)`` callables.
+  """
   setup, method = exp.setup, exp.method
   how = exp.cfg["exec"]["seed_exec"]
   how = default_seed_exec() if how == "auto" else how
+  sharded = not sharding.is_trivial(mesh)
+  if sharded and mesh.shape["seeds"] > 1:
+    how = "vmap"  # a rolled loop over a sharded axis would gather it
 
   def round_one(state, seed_data, key, shared):
     return method.round(setup, state, {**shared, **seed_data}, key)
@@ -179,10 +205,44 @@ def build_programs(exp: Experiment):
     params, stats = method.output_model(setup, state)
     return evaluate(setup.model, params, stats, test, mean, std, setup.num_classes)
 
-  init = jax.jit(seed_program(lambda k: method.init(setup, k), how, 1))
-  rnd = jax.jit(seed_program(round_one, how, 3), donate_argnums=(0,))
-  ev = jax.jit(seed_program(eval_one, how, 1))
-  return init, rnd, ev
+  if not sharded:
+    init = jax.jit(seed_program(lambda k: method.init(setup, k), how, 1))
+    rnd = jax.jit(seed_program(round_one, how, 3), donate_argnums=(0,))
+    ev = jax.jit(seed_program(eval_one, how, 1))
+    return init, rnd, ev
+  ss, rep = sharding.seed_sharding(mesh), sharding.replicated(mesh)
+  spmd = "seeds" if how == "vmap" else None
+  init = jax.jit(seed_program(lambda k: method.init(setup, k), how, 1, spmd),
+                 in_shardings=ss, out_shardings=ss)
+  rnd = jax.jit(seed_program(round_one, how, 3, spmd), donate_argnums=(0,),
+                in_shardings=(ss, ss, ss, rep), out_shardings=(ss, rep))
+  ev = jax.jit(seed_program(eval_one, how, 1, spmd),
+               in_shardings=(ss, rep, rep, rep), out_shardings=rep)
+
+  def traced_under_mesh(fn):
+    # constrain_clients reads the active mesh while the round is traced.
+    def call(*args):
+      with sharding.active(mesh):
+        return fn(*args)
+    return call
+  return tuple(map(traced_under_mesh, (init, rnd, ev)))
+
+
+def run_mesh(exp: Experiment):
+  """The run's device mesh (``exec.mesh``), or None on a single device."""
+  shape = sharding.mesh_shape(exp.cfg["exec"]["mesh"], jax.device_count(),
+                              len(exp.seeds), exp.setup.clients_per_round)
+  return None if shape == (1, 1) else sharding.make_mesh(shape)
+
+
+def place(exp: Experiment, mesh, seed_keys, seed_data, shared, test):
+  """Seed-axis arrays onto the mesh's seed axis, the rest replicated; as is
+  without a mesh."""
+  if sharding.is_trivial(mesh):
+    return seed_keys, seed_data, shared, test
+  ss, rep = sharding.seed_sharding(mesh), sharding.replicated(mesh)
+  return (sharding.put(seed_keys, ss), sharding.put(seed_data, ss),
+          sharding.put(shared, rep), sharding.put(test, rep))
 
 
 def make_seed_keys(seeds):
@@ -235,13 +295,9 @@ class Progress:
     sys.stderr.flush()
 
 
-def run(cfg: dict, exp: Experiment | None = None) -> str:
-  """Trains per ``cfg`` and returns the run directory (see :mod:`jsfl.rundir`)."""
-  exp = exp or prepare(cfg)
-  setup, method = exp.setup, exp.method
-  out = rundir.new_run_dir(cfg["run"]["out_dir"], cfg["run"]["name"], cfg["run"]["dir"])
-  seeds = exp.seeds
-  cyclic = setup.order in ("cyclic", "cyclic_reverse")
+def _write_run_files(cfg: dict, exp: Experiment, out: str, mesh) -> None:
+  """config.json, partition.json and method artifacts of a new run."""
+  setup, method, seeds = exp.setup, exp.method, exp.seeds
   rundir.write_json_atomic(f"{out}/config.json", {
       "config": cfg, "versions": _versions(), "device": _device_kind(),
       "resolved": {"cut": setup.cut, "clients_per_round": setup.clients_per_round,
@@ -251,25 +307,80 @@ def run(cfg: dict, exp: Experiment | None = None) -> str:
                    "default_conv_impl": layers.default_conv_impl(),
                    "seed_exec": (default_seed_exec() if cfg["exec"]["seed_exec"] == "auto"
                                  else cfg["exec"]["seed_exec"]),
-                   "default_depthwise_impl": layers.default_depthwise_impl()}})
+                   "default_depthwise_impl": layers.default_depthwise_impl(),
+                   "mesh": dict(mesh.shape) if mesh is not None else None,
+                   "processes": jax.process_count()}})
   rundir.write_json_atomic(f"{out}/partition.json", {"seeds": exp.partitions})
   if hasattr(method, "artifacts"):  # e.g. Hydra's groups.json
     for fname, obj in method.artifacts(setup, exp.partitions).items():
       rundir.write_json_atomic(f"{out}/{fname}", obj)
 
-  init, rnd, ev = build_programs(exp)
+
+def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) -> str:
+  """Trains per ``cfg`` and returns the run directory (see :mod:`jsfl.rundir`).
+
+  Checkpoints (:mod:`jsfl.checkpoint`) are written every
+  ``run.checkpoint_every`` rounds and after the last.  SIGTERM and SIGINT
+  (main thread only) end the run after the current round with a checkpoint
+  and a line naming the resume command on stderr; the previous handlers are
+  restored on the way out.
+
+  Args:
+    cfg: the resolved config.
+    exp: ``prepare(cfg)``, if already built.
+    resume: an existing run directory of ``cfg`` to continue from its newest
+      checkpoint (round 0 without one) instead of a new one; use
+      :func:`resume`, which also reads the config.
+
+  Returns:
+    The run directory.
+
+  Raises:
+    Stopped: after a SIGTERM / SIGINT (a ``SystemExit`` of 128 + signum).
+  """
+  exp = exp or prepare(cfg)
+  setup, method = exp.setup, exp.method
+  # Multi-host: process 0 alone writes files; the others learn its directory
+  # (checkpoints are written by all of them into it).
+  writes = distributed.is_writer()
+  out = resume or (rundir.new_run_dir(
+      cfg["run"]["out_dir"], cfg["run"]["name"], cfg["run"]["dir"]) if writes else None)
+  out = distributed.broadcast_path(out)
+  mesh = run_mesh(exp)
+  seeds = exp.seeds
+  cyclic = setup.order in ("cyclic", "cyclic_reverse")
+  if not resume and writes:  # a resumed run keeps the files of its start
+    _write_run_files(cfg, exp, out, mesh)
+
+  init, rnd, ev = build_programs(exp, mesh)
   seed_data, shared = split_data(exp)
   test = jax.tree.map(jnp.asarray, chunk_test_set(
       exp.dataset.x_test, exp.dataset.y_test, cfg["exec"]["eval_batch"]))
-  seed_keys = make_seed_keys(seeds)
+  seed_keys, seed_data, shared, test = place(
+      exp, mesh, make_seed_keys(seeds), seed_data, shared, test)
   state = init(seed_keys)
-  writer = rundir.MetricsWriter(f"{out}/metrics.jsonl")
   R, every = cfg["run"]["rounds"], cfg["run"]["eval_every"]
-  history = [[] for _ in seeds]
-  records, cum_up, cum_down = [], 0, 0
-  bar = Progress(R, cfg["exec"]["progress"])
+  ckpt_every = cfg["run"]["checkpoint_every"]
+  ckpt = checkpoint.Checkpointer(os.path.join(out, "checkpoints"))
+  start, cum_up, cum_down, records, last_acc = 0, 0, 0, [], None
+  if resume:
+    try:
+      got = ckpt.restore(state, seeds)  # init's state is the template
+    except BaseException:
+      ckpt.close()
+      raise
+    if got is not None:
+      start, state, cum_up, cum_down = got
+    records = (_resume_records(cfg, out, start) if writes
+               else rundir.read_metrics_upto(f"{out}/metrics.jsonl", start))
+  history = [[np.asarray([np.nan if v is None else v for v in rec["per_label_accuracy"]],
+                         np.float32)  # what evaluate returns
+              for rec in records if rec["seed"] == s] for s in seeds]
+  writer = rundir.MetricsWriter(f"{out}/metrics.jsonl") if writes else rundir.NullWriter()
+  bar = Progress(R, cfg["exec"]["progress"] and writes)
+  stop = _StopSignals()
   try:
-    for r in range(R):
+    for r in range(start, R):
       t0 = time.perf_counter()
       keys = round_keys(seed_keys, r)
       state, m = rnd(state, seed_data, keys, shared)
@@ -311,11 +422,156 @@ def run(cfg: dict, exp: Experiment | None = None) -> str:
           writer.write(rec)
           records.append(rec)
         acc = float(np.median(e["accuracy"]))
-        rundir.write_json_atomic(f"{out}/summary.json", _summary(cfg, records))
+        if writes:
+          rundir.write_json_atomic(f"{out}/summary.json", _summary(cfg, records))
+        last_acc = e["accuracy"]
       bar.update(r + 1, acc, sps, final=r + 1 == R)
+      stop.agree()  # every host stops after the same round
+      if r + 1 == R or stop.signum or (ckpt_every and (r + 1) % ckpt_every == 0):
+        ckpt.save(r + 1, state, seeds, cum_up, cum_down)
+      if stop.signum and r + 1 < R:
+        if bar.enabled and bar.tty:
+          sys.stderr.write("\n")  # end the progress line
+        if writes:
+          print(f"jsfl: stopped after round {r + 1}; resume with: jsfl run --resume {out}",
+                file=sys.stderr, flush=True)
+        raise Stopped(stop.signum, r + 1, out)
   finally:
     writer.close()
+    ckpt.close()
+    stop.restore()
+  if jax.process_count() > 1:  # job logs show that every host agrees
+    print(f"jsfl: process {jax.process_index()}/{jax.process_count()} finished: "
+          f"accuracy {np.round(np.asarray(last_acc, np.float64), 4).tolist()}",
+          file=sys.stderr, flush=True)
   return out
+
+
+class Stopped(SystemExit):
+  """:func:`run` ended early on a signal, after a checkpoint.
+
+  The exit status is ``128 + signum`` (143 for SIGTERM, 130 for SIGINT), as
+  for a process the signal had killed.
+  """
+
+  def __init__(self, signum: int, round_: int, run_dir: str):
+    super().__init__(128 + signum)
+    self.signum, self.round, self.run_dir = signum, round_, run_dir
+
+
+class _StopSignals:
+  """Turns SIGTERM and SIGINT into a flag the loop reads after each round.
+
+  Handlers are only installed from the main thread (Python allows no other);
+  elsewhere the signals keep their handlers.  Repeated signals change
+  nothing: a round cannot be interrupted from Python anyway (SIGKILL can; a
+  resume then starts from the last periodic checkpoint).
+  """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.signum = None
+    self._previous = {}
+    if threading.current_thread() is threading.main_thread():
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signum = self.signum or signum
+
+  def agree(self) -> None:
+    """Multi-host: a signal any process got stops all of them after this
+    round (one small allgather per round; nothing with one process)."""
+    if jax.process_count() == 1:
+      return
+    from jax.experimental import multihost_utils
+    got = np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0)))
+    self.signum = int(got.max()) or None
+
+  def restore(self) -> None:
+    for sig, handler in self._previous.items():
+      # None: a handler not installed from Python; the default is the closest.
+      signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    self._previous = {}
+
+
+def _resume_records(cfg: dict, out: str, done: int) -> list[dict]:
+  """The records of rounds <= ``done`` (metrics.jsonl truncated to them), with
+  summary.json made to match."""
+  records = rundir.truncate_metrics(f"{out}/metrics.jsonl", done)
+  if records:
+    rundir.write_json_atomic(f"{out}/summary.json", _summary(cfg, records))
+  elif os.path.exists(f"{out}/summary.json"):
+    os.remove(f"{out}/summary.json")
+  return records
+
+
+def resume(run_dir: str, *, progress: bool | None = None) -> str:
+  """Continues the run in ``run_dir`` from its newest checkpoint.
+
+  Reads the run's ``config.json``, prepares it again (deterministic), restores
+  the newest checkpoint (see :mod:`jsfl.checkpoint` for what it holds and why
+  that suffices), drops ``metrics.jsonl`` records of later rounds and trains
+  the remaining rounds into the same directory; the result equals an
+  uninterrupted run's bit for bit (except ``wall_s``) on the same machine
+  and versions.  Without a checkpoint the run starts again from round 0.  A
+  finished run is left as it is.
+
+  Args:
+    run_dir: a directory ``jsfl run`` wrote.
+    progress: overrides ``exec.progress`` (None: the run's own setting).
+
+  Returns:
+    ``run_dir``.
+
+  Raises:
+    ConfigError: ``run_dir`` is not a run directory, or its config is no
+      longer valid.
+    Stopped: as :func:`run`.
+  """
+  path = os.path.join(run_dir, "config.json")
+  try:
+    with open(path) as f:
+      stored = json.load(f)["config"]
+    if not all(isinstance(v, dict) for v in stored.values()):
+      raise TypeError
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    raise config_lib.ConfigError(
+        f"{run_dir!r} is not a run directory: expected {path} with a 'config' "
+        "key, as jsfl run writes") from None
+  cfg = config_lib.defaults()  # keys added to the schema since the run started
+  for section, values in stored.items():
+    cfg.setdefault(section, {}).update(values)
+  if progress is not None:
+    cfg["exec"]["progress"] = progress
+  R = cfg["run"]["rounds"]
+  done = checkpoint.latest_round(os.path.join(run_dir, "checkpoints"))
+  if (done or 0) >= R or (done is None and _finished_without_checkpoints(run_dir, cfg)):
+    print(f"jsfl: {run_dir} is finished ({R} of {R} rounds); nothing to resume",
+          file=sys.stderr)
+    return run_dir
+  return run(cfg, resume=run_dir)
+
+
+def _finished_without_checkpoints(run_dir: str, cfg: dict) -> bool:
+  """Whether every seed has a record of the last round (runs written before
+  checkpoints existed; restarting them would throw their results away)."""
+  seeds = {cfg["run"]["seed"] + s for s in range(cfg["run"]["seeds"])}
+  try:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      last = set()
+      for line in f:
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError:
+          continue
+        if isinstance(rec, dict) and rec.get("round") == cfg["run"]["rounds"]:
+          last.add(rec.get("seed"))
+  except OSError:
+    return False
+  return seeds <= last
 
 
 def _summary(cfg, records) -> dict:

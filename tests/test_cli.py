@@ -14,6 +14,11 @@ SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_c
        "exec.progress=false"]
 
 
+def load_json(path):
+  with open(path) as f:
+    return json.load(f)
+
+
 def run_cli(tmp_path, *overrides):
   out = tmp_path / "r"
   code = cli.main(["run", *SYN, f"run.dir={out}", *overrides])
@@ -24,8 +29,8 @@ def test_synthetic_run_writes_the_run_directory(tmp_path, capsys):
   code, out = run_cli(tmp_path, "run.rounds=3", "run.seeds=2", "partition.num_clients=4",
                       "method.order=cyclic", "partition.name=dominant_label", "partition.p=0.8")
   assert code == 0
-  assert sorted(os.listdir(out)) == ["config.json", "metrics.jsonl", "partition.json",
-                                     "summary.json"]
+  assert sorted(os.listdir(out)) == ["checkpoints", "config.json", "metrics.jsonl",
+                                     "partition.json", "summary.json"]
   recs = read_metrics(f"{out}/metrics.jsonl")
   assert [(r["round"], r["seed"]) for r in recs] == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
   for r in recs:
@@ -34,13 +39,13 @@ def test_synthetic_run_writes_the_run_directory(tmp_path, capsys):
     assert sorted(r["clients"]) == [0, 1, 2, 3]
     assert len(r["per_position_accuracy"]) == 4
   assert recs[0]["bw"] is None and recs[-1]["bw"] is not None
-  summ = json.load(open(f"{out}/summary.json"))
+  summ = load_json(f"{out}/summary.json")
   assert summ["seeds"] == [0, 1]
   acc = [r["accuracy"] for r in recs if r["round"] == 3]
   assert summ["accuracy"]["median"] == pytest.approx(np.median(acc))
-  cfg = json.load(open(f"{out}/config.json"))
+  cfg = load_json(f"{out}/config.json")
   assert cfg["config"]["method"]["order"] == "cyclic" and "jax" in cfg["versions"]
-  part = json.load(open(f"{out}/partition.json"))
+  part = load_json(f"{out}/partition.json")
   assert len(part["seeds"]) == 2 and np.array(part["seeds"][0]["label_counts"]).shape == (4, 4)
   # cyclic order: clients come grouped by dominant label in the run's label cycle
   dom = np.array(part["seeds"][0]["dominant"])
@@ -96,7 +101,7 @@ def test_partition_command(tmp_path, capsys):
   code = cli.main(["partition", "synthetic", "dominant_label", "--clients", "10", "p=0.8",
                    "--out", str(out)])
   assert code == 0
-  counts = np.array(json.load(open(out))["label_counts"])
+  counts = np.array(load_json(out)["label_counts"])
   assert counts.shape == (10, 10)
   np.testing.assert_array_equal(counts.argmax(1), np.arange(10))
   frac = counts.max(1) / counts.sum(1)

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from jsfl.engine import batching, common
+from jsfl.engine import batching, common, sharding
 from jsfl.methods.registry import METHODS
 from jsfl.models.base import StagedModel
 
@@ -78,7 +78,8 @@ def map_clients(fn: Callable, how: str, *args):
   the same values.
   """
   if how == "vmap":
-    return jax.vmap(fn)(*args)
+    # Under a device mesh the client axis is laid on the mesh's client axis.
+    return sharding.constrain_clients(jax.vmap(fn)(*sharding.constrain_clients(args)))
   if how == "map":
     return lax.map(lambda a: fn(*a), args)
   if how == "unroll":

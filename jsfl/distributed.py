@@ -1,0 +1,73 @@
+"""Multi-host runs: ``jax.distributed.initialize`` and who writes.
+
+Every process runs the same program (SPMD): the same config, data,
+partitions and keys, each feeding only its own devices' shards of the global
+arrays (:func:`jsfl.engine.sharding.put`), so the mesh of
+:mod:`jsfl.engine.sharding` spans all hosts' devices with no other change.
+Process 0 alone writes the run directory; checkpoints are written by all
+processes together (orbax coordinates them) into process 0's directory,
+whose path is broadcast, so the directory must be on a filesystem every host
+sees.
+
+Arguments come from flags (``jsfl run --distributed --coordinator HOST:PORT
+--num-processes N --process-id I``), else from ``JSFL_COORDINATOR`` /
+``JSFL_NUM_PROCESSES`` / ``JSFL_PROCESS_ID``, else JAX detects the cluster
+(Slurm, Open MPI, Kubernetes/GKE, Cloud TPU) itself.  See docs/multihost.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+_PATH_BYTES = 4096
+
+
+def initialize(coordinator: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None) -> None:
+  """Joins this process to the run's cluster (call before any other jax use).
+
+  Args:
+    coordinator: ``host:port`` of process 0's coordination service.
+    num_processes: processes in the run.
+    process_id: this process's rank in ``[0, num_processes)``.
+    Each falls back to its ``JSFL_*`` environment variable, then to JAX's
+    cluster auto-detection.
+
+  Raises:
+    ValueError: a process id outside ``[0, num_processes)``.
+  """
+  env = os.environ.get
+  coordinator = coordinator or env("JSFL_COORDINATOR") or None
+  if num_processes is None and env("JSFL_NUM_PROCESSES"):
+    num_processes = int(env("JSFL_NUM_PROCESSES"))
+  if process_id is None and env("JSFL_PROCESS_ID"):
+    process_id = int(env("JSFL_PROCESS_ID"))
+  if num_processes is not None and process_id is not None and not (
+      0 <= process_id < num_processes):
+    raise ValueError(f"--process-id={process_id}; allowed: 0 <= id < "
+                     f"--num-processes={num_processes}")
+  jax.distributed.initialize(coordinator_address=coordinator,
+                             num_processes=num_processes, process_id=process_id)
+
+
+def is_writer() -> bool:
+  """Whether this process writes files (process 0, or the only process)."""
+  return jax.process_index() == 0
+
+
+def broadcast_path(path: str | None) -> str:
+  """Process 0's ``path`` on every process (a no-op with one process)."""
+  if jax.process_count() == 1:
+    return path
+  from jax.experimental import multihost_utils
+  buf = np.zeros(_PATH_BYTES, np.uint8)
+  if is_writer():
+    raw = path.encode()
+    if len(raw) > _PATH_BYTES:
+      raise ValueError(f"run directory path longer than {_PATH_BYTES} bytes: {path!r}")
+    buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+  out = np.asarray(multihost_utils.broadcast_one_to_all(buf))
+  return bytes(out[out != 0].tolist()).decode()
