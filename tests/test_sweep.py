@@ -1,0 +1,423 @@
+"""``jsfl sweep``: expansion, shards, validation, skipping, seed blocks, collect."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jsfl import cli, runner, sweep
+from jsfl.rundir import read_metrics
+
+# The synthetic setup of test_cli.SYN, as a sweep's [base] table.
+BASE = """
+[base]
+"dataset.name" = "synthetic"
+"dataset.input_shape" = [8, 8, 1]
+"dataset.num_classes" = 4
+"dataset.train_size" = 400
+"dataset.test_size" = 100
+"model.width" = 4
+"model.hidden" = 16
+"exec.progress" = false
+"run.rounds" = 2
+"partition.num_clients" = 4
+"""
+
+
+def write_sweep(path, out_dir, body, name="t", base=BASE):
+  path.write_text(f'[sweep]\nname = "{name}"\nout_dir = "{out_dir}"\n{base}\n{body}')
+  return str(path)
+
+
+def load(path):
+  with open(path) as f:
+    return json.load(f)
+
+
+def tree(d):
+  """Every file under ``d`` with its mtime."""
+  return {os.path.join(r, f): os.stat(os.path.join(r, f)).st_mtime_ns
+          for r, _, fs in os.walk(d) for f in fs}
+
+
+def test_grid_expansion_order_and_names(tmp_path):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
+[grid]
+method.name = ["sfl", "fedavg"]
+"partition.alpha" = [0.1, 1e-05]
+"dataset.input_shape" = [[8, 8, 1]]
+
+[[cells]]
+"method.name" = "hydra"
+"method.groups" = 2
+
+[[cells]]
+"run.name" = "a/b c"
+""")
+  sw = sweep.load_sweep(path)
+  names = [c.name for c in sw.cells]
+  assert names == [
+      "method=sfl,partition.alpha=0.1,dataset.input_shape=8-8-1",
+      "method=sfl,partition.alpha=1e-05,dataset.input_shape=8-8-1",
+      "method=fedavg,partition.alpha=0.1,dataset.input_shape=8-8-1",
+      "method=fedavg,partition.alpha=1e-05,dataset.input_shape=8-8-1",
+      "method=hydra,method.groups=2",
+      "run.name=a_b_c"]
+  assert [c.index for c in sw.cells] == list(range(6))
+  assert sw.cells[1].dir == os.path.join(str(tmp_path / "out"), "t", names[1])
+  # every cell resolves through load_config: [base], then the cell's values
+  sweep.resolve(sw)
+  c = sw.cells[1].cfg
+  assert c["partition"]["alpha"] == 1e-05 and c["method"]["name"] == "sfl"
+  assert c["dataset"]["input_shape"] == [8, 8, 1] and c["run"]["rounds"] == 2
+  assert c["run"]["dir"] == sw.cells[1].dir
+  assert sw.cells[4].cfg["method"]["groups"] == 2
+  assert sw.cells[5].cfg["run"]["name"] == "a/b c"
+
+
+def test_long_names_stay_file_names():
+  name = sweep.cell_name([("method.name", "x" * 300)])
+  assert len(name) <= sweep.NAME_LIMIT and name.startswith("method=xxx")
+  assert sweep.cell_name([("method.name", "x" * 301)]) != name
+
+
+def test_shards_are_disjoint_and_cover_the_grid(tmp_path, capsys):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
+[grid]
+"optim.lr" = [0.01, 0.02, 0.03]
+"method.batch_size" = [8, 16, 32, 64]
+""")
+  cells = sweep.load_sweep(path).cells
+  for n in (1, 2, 3, 5, 12, 13):
+    shards = [[c.index for c in sweep.shard(cells, i, n)] for i in range(n)]
+    flat = sorted(i for s in shards for i in s)
+    assert flat == list(range(12))  # every cell once
+    assert all(s == list(range(i, 12, n)) for i, s in enumerate(shards))
+  assert cli.main(["sweep", path, "--dry-run", "--shard", "1/5"]) == 0
+  out = capsys.readouterr().out
+  listed = [line.split()[1] for line in out.splitlines() if line.startswith("  todo")]
+  assert listed == [cells[1].name, cells[6].name, cells[11].name]
+  assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("spec", ["5/5", "-1/3", "1", "a/b", "1/0", "1/2/3"])
+def test_bad_shard_is_exit_2(tmp_path, capsys, spec):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", '[grid]\n"optim.lr" = [0.1]')
+  assert cli.main(["sweep", path, f"--shard={spec}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "--shard" in err and "0 <= i < n" in err
+
+
+@pytest.mark.parametrize("body, message", [
+    ('[grid]\n"method.ordr" = ["cyclic"]',
+     "cell method.ordr=cyclic: unknown config key 'method.ordr' (did you mean 'order'?)"),
+    ('[grid]\n"method.order" = ["cyclic", "sideways"]',
+     "cell method.order=sideways: method.order='sideways'; allowed: 'random'"),
+    ('[grid]\n"run.rounds" = [2, 0]', "run.rounds=0; allowed: an int >= 1"),
+    ('[grid]\n"optim.lr" = 0.1', "[grid] optim.lr=0.1; allowed: a non-empty list"),
+    ('[grid]\n"optim.lr" = []', "allowed: a non-empty list"),
+    ('[grid]\nlr = [0.1]', "[grid] key 'lr'; allowed: section.key"),
+    ('[grid]\n"run.dir" = ["x"]', "[grid] sets run.dir; not allowed"),
+    ('[[cells]]\n"method.name" = "nope"', "cell method=nope: method.name='nope'; allowed"),
+    ('[[cells]]\n"method.groups" = 3', "unknown config key 'method.groups'"),
+    ('[grid]\n"optim.lr" = [0.1]\n[[cells]]\n"optim.lr" = 0.1',
+     "cell 'optim.lr=0.1' appears twice"),
+    ('[grids]\n"optim.lr" = [0.1]', "unknown table [grids]; allowed: [sweep], [base], [grid]"),
+    ("", "no cells"),
+    # options the data, partition and model owners check (runner.prepare)
+    (('[grid]\n"method.name" = ["sfl"]\n[[cells]]\n"partition.name" = "dirichlet"\n'
+      '"partition.alpha" = -1.0'),
+     "cell partition=dirichlet,partition.alpha=-1.0: [partition]"),
+    ('[grid]\n"model.name" = ["small_cnn", "vgg99"]', "cell model=vgg99: [model]"),
+])
+def test_bad_sweep_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, body, message):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", body)
+  assert cli.main(["sweep", path, "--quiet"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1, err
+  assert err.startswith(f"jsfl: error: sweep {path}") and message in err, err
+  assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("head, message", [
+    ('[sweep]\nout_dir = "x"', "sweep.name is missing"),
+    ('[sweep]\nname = "a/b"', "sweep.name='a/b'; allowed: letters"),
+    ('[sweep]\nname = "a"\nbase = "missing.toml"', "sweep.base='missing.toml'"),
+    ('[sweep]\nname = "a"\nouts = "x"', "unknown key sweep.outs; allowed: name, base, out_dir"),
+    ('[run]\nrounds = 2', "unknown table [run]"),
+    ('[sweep\nname = "a"', "is not valid TOML"),
+])
+def test_bad_sweep_table(tmp_path, capsys, head, message):
+  path = tmp_path / "s.toml"
+  path.write_text(head + '\n[grid]\n"optim.lr" = [0.1]\n')
+  assert cli.main(["sweep", str(path)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_base_config_path_is_relative_to_the_sweep_file(tmp_path):
+  (tmp_path / "cfg").mkdir()
+  (tmp_path / "cfg" / "base.toml").write_text("[optim]\nlr = 0.3\n[run]\nrounds = 7\n")
+  (tmp_path / "sweeps").mkdir()
+  path = tmp_path / "sweeps" / "s.toml"
+  path.write_text('[sweep]\nname = "a"\nbase = "../cfg/base.toml"\n'
+                  '[grid]\n"method.name" = ["fedavg"]\n')
+  sw = sweep.load_sweep(str(path))
+  sweep.resolve(sw)
+  assert sw.cells[0].cfg["optim"]["lr"] == 0.3 and sw.cells[0].cfg["run"]["rounds"] == 7
+  assert sw.out_dir == "runs" and sw.root == os.path.join("runs", "a")
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+  """A two-cell sweep (SFL and FedAvg, 2 rounds) run once through the CLI."""
+  tmp = tmp_path_factory.mktemp("sweep")
+  path = write_sweep(tmp / "s.toml", tmp / "out", '[grid]\n"method.name" = ["sfl", "fedavg"]')
+  assert cli.main(["sweep", path, "--quiet"]) == 0
+  return tmp, path, sweep.load_sweep(path)
+
+
+def test_sweep_runs_every_cell(ran):
+  _, _, sw = ran
+  assert [c.name for c in sw.cells] == ["method=sfl", "method=fedavg"]
+  for c in sw.cells:
+    assert {"config.json", "metrics.jsonl", "partition.json", "summary.json",
+            ".done"} <= set(os.listdir(c.dir))
+    assert load(f"{c.dir}/summary.json")["rounds_evaluated"] == 2
+    assert load(f"{c.dir}/config.json")["config"]["method"]["name"] == \
+        c.assigned[0][1]
+  assert sorted(n for n in os.listdir(sw.root) if n != "collected") == [
+      "method=fedavg", "method=sfl"]
+
+
+def _fake_run(calls):
+  """A runner.run that records its config and writes a finished run directory."""
+  def run(cfg, exp=None, **kw):
+    calls.append(cfg)
+    d = cfg["run"]["dir"]
+    os.makedirs(d)
+    with open(f"{d}/config.json", "w") as f:
+      json.dump({"config": cfg}, f)
+    with open(f"{d}/summary.json", "w") as f:
+      json.dump({"rounds_evaluated": cfg["run"]["rounds"]}, f)
+    return d
+  return run
+
+
+def test_rerun_skips_finished_cells(ran, monkeypatch, capsys):
+  _, path, sw = ran
+  before = tree(sw.root)
+  calls = []
+  monkeypatch.setattr(runner, "run", _fake_run(calls))
+  assert cli.main(["sweep", path, "--quiet"]) == 0
+  assert calls == [] and tree(sw.root) == before
+  assert "2 cells, 2 done, 0 runs to go" in capsys.readouterr().out
+
+
+def test_partial_cells_are_resumed_or_rerun(tmp_path, monkeypatch, capsys):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out",
+                     '[grid]\n"method.name" = ["sfl", "fedavg", "splitfedv1"]')
+  calls, resumed = [], []
+  monkeypatch.setattr(runner, "run", _fake_run(calls))
+  assert cli.main(["sweep", path]) == 0
+  sw = sweep.load_sweep(path)
+  sweep.resolve(sw)
+  assert [c["run"]["dir"] for c in calls] == [c.dir for c in sw.cells]
+  assert all(os.path.exists(f"{c.dir}/.done") for c in sw.cells)
+  sfl, fedavg, _ = sw.cells
+  # killed after the summary was written but before the marker: partial
+  os.remove(f"{sfl.dir}/.done")
+  # killed mid-run with checkpoints: resumed where runner.resume exists
+  os.remove(f"{fedavg.dir}/.done")
+  os.makedirs(f"{fedavg.dir}/checkpoints")
+  with open(f"{fedavg.dir}/summary.json", "w") as f:
+    json.dump({"rounds_evaluated": 1}, f)
+
+  def fake_resume(run_dir, progress=None):
+    resumed.append((run_dir, progress))
+    with open(f"{run_dir}/summary.json", "w") as f:
+      json.dump({"rounds_evaluated": 2}, f)
+    return run_dir
+
+  monkeypatch.setattr(runner, "resume", fake_resume, raising=False)
+  capsys.readouterr()
+  assert cli.main(["sweep", path, "--dry-run"]) == 0
+  out = capsys.readouterr().out
+  assert "partial  method=sfl" in out and "partial  method=fedavg" in out
+  assert "done     method=splitfedv1" in out
+  calls.clear()
+  assert cli.main(["sweep", path, "--quiet"]) == 0
+  assert [c["run"]["dir"] for c in calls] == [sfl.dir]  # rerun from scratch
+  assert resumed == [(fedavg.dir, False)]
+  assert all(sweep.status(c) == "done" for c in sw.cells)
+  # without runner.resume a partial cell with checkpoints reruns from scratch
+  monkeypatch.delattr(runner, "resume", raising=False)
+  os.remove(f"{fedavg.dir}/.done")
+  calls.clear()
+  assert cli.main(["sweep", path, "--quiet"]) == 0
+  assert [c["run"]["dir"] for c in calls] == [fedavg.dir]
+  assert not os.path.exists(f"{fedavg.dir}/checkpoints")
+
+
+def test_a_run_that_stops_early_is_not_marked_done(tmp_path, monkeypatch, capsys):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out",
+                     '[grid]\n"method.name" = ["sfl", "fedavg"]')
+
+  def short_run(cfg, exp=None, **kw):
+    os.makedirs(cfg["run"]["dir"])
+    with open(f"{cfg['run']['dir']}/summary.json", "w") as f:
+      json.dump({"rounds_evaluated": 1}, f)
+    return cfg["run"]["dir"]
+
+  monkeypatch.setattr(runner, "run", short_run)
+  assert cli.main(["sweep", path, "--quiet"]) == 1
+  captured = capsys.readouterr()
+  assert "2 cells failed: method=sfl, method=fedavg" in captured.err
+  assert not any(os.path.exists(f"{c.dir}/.done") for c in sweep.load_sweep(path).cells)
+
+
+NUMERIC = ("accuracy", "loss", "pg", "bw", "train_loss", "bytes_up", "bytes_down",
+           "bytes_up_total", "bytes_down_total", "samples", "lr")
+
+
+def test_seed_blocks_merge_into_one_run_equal_to_single_runs(tmp_path, monkeypatch):
+  # Dirichlet clients of unequal sizes: the merged run pads every seed to the
+  # widest client of all four seeds, a single run to its own two.
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
+[grid]
+"run.seed" = [0, 2]
+""", base=BASE + '"run.seeds" = 2\n"partition.name" = "dirichlet"\n"partition.alpha" = 0.5\n'
+      '"method.order" = "cyclic"\n')
+  real_run, calls = runner.run, []
+
+  def counting_run(cfg, exp=None, **kw):
+    calls.append(cfg)
+    return real_run(cfg, exp, **kw)
+
+  monkeypatch.setattr(runner, "run", counting_run)
+  assert cli.main(["sweep", path, "--quiet"]) == 0
+  sw = sweep.load_sweep(path)
+  sweep.resolve(sw)
+  assert len(calls) == 1 and calls[0]["run"]["seed"] == 0 and calls[0]["run"]["seeds"] == 4
+  assert sorted(os.listdir(sw.root)) == ["run.seed=0", "run.seed=2"]  # block removed
+  cell = sw.cells[1]
+  merged = read_metrics(f"{cell.dir}/metrics.jsonl")
+  assert [(r["round"], r["seed"]) for r in merged] == [(1, 2), (1, 3), (2, 2), (2, 3)]
+
+  single = tmp_path / "single"
+  assert cli.main(["run", *sweep.overrides(sw, cell, str(single)), "--quiet"]) == 0
+  alone = read_metrics(f"{single}/metrics.jsonl")
+  assert len(alone) == len(merged)
+  for a, m in zip(alone, merged):
+    assert (a["round"], a["seed"], a["clients"]) == (m["round"], m["seed"], m["clients"])
+    for k in NUMERIC:
+      assert (a[k] is None and m[k] is None) or a[k] == pytest.approx(m[k], abs=1e-5, rel=0), k
+    np.testing.assert_allclose(a["per_label_accuracy"], m["per_label_accuracy"], atol=1e-5)
+    np.testing.assert_allclose(a["per_position_accuracy"], m["per_position_accuracy"],
+                               atol=1e-5)
+  s_alone = load(f"{single}/summary.json")
+  s_merged = load(f"{cell.dir}/summary.json")
+  assert s_merged["seeds"] == [2, 3] and s_merged["rounds_evaluated"] == 2
+  for k in ("accuracy", "loss", "pg", "bw"):
+    np.testing.assert_allclose(s_merged[k]["per_seed"], s_alone[k]["per_seed"], atol=1e-5)
+  assert load(f"{cell.dir}/partition.json") == \
+      load(f"{single}/partition.json")
+  meta = load(f"{cell.dir}/config.json")
+  assert meta["config"]["run"]["seed"] == 2 and meta["config"]["run"]["seeds"] == 2
+  assert meta["config"]["run"]["dir"] == cell.dir and meta["resolved"]["seeds"] == [2, 3]
+  assert meta["batched_with"]["cells"] == ["run.seed=0"]
+  assert (meta["batched_with"]["seed"], meta["batched_with"]["seeds"]) == (0, 4)
+  assert sweep.config_diff(cell.dir, load(f"{single}/config.json")["config"]) == []
+  assert all(sweep.status(c) == "done" for c in sw.cells)
+
+
+def test_plan_merges_only_contiguous_disjoint_seed_ranges(tmp_path):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
+[grid]
+"optim.lr" = [0.1, 0.2]
+"run.seed" = [0, 2, 6]
+[[cells]]
+"run.seed" = 4
+"run.seeds" = 2
+"optim.lr" = 0.1
+[[cells]]
+"run.seed" = 1
+"run.seeds" = 1
+"optim.lr" = 0.2
+[[cells]]
+"run.seed" = 0
+"optim.lr" = 0.1
+"method.name" = "multisfl"
+[[cells]]
+"run.seed" = 2
+"optim.lr" = 0.1
+"method.name" = "multisfl"
+""", base=BASE + '"run.seeds" = 2\n')
+  sw = sweep.load_sweep(path)
+  sweep.resolve(sw)
+  units = sweep.plan(sw, sw.cells)
+  got = [[c.name for c in u.cells] for u in units]
+  assert got == [
+      # lr 0.1: 0-1, 2-3, 4-5 ([[cells]]), 6-7 chain into one run of seeds 0-7
+      ["optim.lr=0.1,run.seed=0", "optim.lr=0.1,run.seed=2", "run.seed=4,run.seeds=2,optim.lr=0.1",
+       "optim.lr=0.1,run.seed=6"],
+      # lr 0.2: 0-1 and 1 overlap, 2-3 follows 1; 6-7 leaves a gap
+      ["optim.lr=0.2,run.seed=0"],
+      ["run.seed=1,run.seeds=1,optim.lr=0.2", "optim.lr=0.2,run.seed=2"],
+      ["optim.lr=0.2,run.seed=6"],
+      # MultiSFL's seed blocks merge like any other method's
+      ["run.seed=0,optim.lr=0.1,method=multisfl", "run.seed=2,optim.lr=0.1,method=multisfl"]]
+  assert (units[0].cfg["run"]["seed"], units[0].cfg["run"]["seeds"]) == (0, 8)
+  assert os.path.basename(units[0].dir).startswith(".batch-")
+  assert units[1].dir == sw.cells[3].dir and units[1].cfg is sw.cells[3].cfg
+
+
+def test_collect_makes_one_row_per_cell(ran, capsys, tmp_path):
+  tmp, _, sw = ran
+  # the same sweep with one more method: its new cell has not run
+  path = write_sweep(tmp / "s3.toml", tmp / "out",
+                     '[grid]\n"method.name" = ["sfl", "fedavg", "splitfedv1"]')
+  capsys.readouterr()
+  assert cli.main(["sweep", path, "--collect"]) == 0
+  captured = capsys.readouterr()
+  table = [line for line in captured.out.splitlines()
+           if line.startswith("| ") and "| --- |" not in line]
+  rows = table[1:]
+  assert len(rows) == 2 and {r.split("|")[1].strip() for r in rows} == {"sfl", "fedavg"}
+  assert "# jsfl sweep t" in captured.out
+  assert "cell method=splitfedv1 not started" in captured.out + captured.err
+  collected = os.path.join(sw.root, "collected")
+  assert sorted(os.listdir(collected)) == ["report.csv", "report.md", "report_seeds.csv"]
+  # the collected table is no run directory: a second collect sees the same cells
+  assert cli.main(["sweep", path, "--collect"]) == 0
+  assert cli.main(["sweep", path, "--collect", "--shard", "0/2"]) == 2
+  # no jax needed to collect
+  code = (f"import sys; from jsfl import sweep; assert sweep.main({path!r}, collect_only=True)"
+          " == 0; assert 'jax' not in sys.modules, 'jax imported'")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr
+  # nothing collected yet: exit 1
+  empty = write_sweep(tmp_path / "e.toml", tmp_path / "none", '[grid]\n"optim.lr" = [0.1]')
+  assert cli.main(["sweep", empty, "--collect"]) == 1
+
+
+def test_dry_run_lists_statuses_and_writes_nothing(ran, capsys):
+  tmp, _, sw = ran
+  path = write_sweep(tmp / "s4.toml", tmp / "out",
+                     '[grid]\n"method.name" = ["sfl", "fedavg", "splitfedv1"]')
+  before = tree(sw.root)
+  capsys.readouterr()
+  assert cli.main(["sweep", path, "--dry-run"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split()[:2] for line in lines[1:4]] == [
+      ["done", "method=sfl"], ["done", "method=fedavg"], ["todo", "method=splitfedv1"]]
+  assert lines[-1] == "1 run to go"
+  assert tree(sw.root) == before
