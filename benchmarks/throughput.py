@@ -39,11 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jsfl import runner  # noqa: E402
-from jsfl.data import load_dataset  # noqa: E402
-from jsfl.engine import batching, common  # noqa: E402
-from jsfl.methods import base, sfl  # noqa: E402
-from jsfl.models import get_model, layers  # noqa: E402
+from jsfl import runner
+from jsfl.data import load_dataset
+from jsfl.engine import batching, common
+from jsfl.methods import base, sfl
+from jsfl.models import get_model, layers
 
 
 def _block(x):
@@ -188,7 +188,7 @@ def bench_central(args, clients):
     def loss(q):
       logits, ns = model.apply(q, s, x, train=True)
       return common.masked_cross_entropy(logits, y, jnp.ones((B,), bool)), ns
-    (l, ns), g = jax.value_and_grad(loss, has_aux=True)(p)
+    (_, ns), g = jax.value_and_grad(loss, has_aux=True)(p)
     u, o = tx.update(g, o, p)
     return jax.tree.map(jnp.add, p, u), ns, o
 
@@ -245,7 +245,7 @@ def main(argv=None):
     if not args.skip_central:
       try:
         central[clients] = bench_central(args, clients)
-      except Exception as e:  # e.g. out of memory at a huge total batch
+      except (RuntimeError, MemoryError) as e:  # out of memory at a huge total batch
         central[clients] = {"error": repr(e)[:300]}
     for seeds in args.seeds:
       if clients * seeds * args.steps * args.batch > args.max_samples:
