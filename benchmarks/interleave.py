@@ -22,6 +22,7 @@ import json
 import os
 import re
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -148,3 +149,17 @@ def time_round_robin(workers: dict, ready: dict, repeats: int, samples: dict) ->
 
 def load_average() -> tuple:
   return tuple(round(v, 2) for v in os.getloadavg())
+
+
+def write_results(res: dict, out: str, prefix: str, plot) -> str:
+  """Writes ``res`` as ``OUT/PREFIX-<backend>-<host>-<time>.json`` and its
+  plot as the matching ``.png``; returns the path stem."""
+  import jax
+  os.makedirs(out, exist_ok=True)
+  stem = os.path.join(out, f"{prefix}-{jax.default_backend()}-{socket.gethostname()}-"
+                      f"{time.strftime('%Y%m%d-%H%M%S')}")
+  with open(stem + ".json", "w") as f:
+    json.dump(res, f, indent=1)
+  plot(res, stem + ".png")
+  print(f"\nwrote {stem}.json and .png")
+  return stem

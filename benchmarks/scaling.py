@@ -11,8 +11,8 @@ memory:
   ``--seed-exec``);
 * **devices**: D in ``--devices`` (1, 2, 4, 8) with ``D * --seeds-per-device``
   seeds: the seed axis of the state, the keys and the per-seed data is put on
-  a ``Mesh(jax.devices(), ("seeds",))`` with ``NamedSharding(mesh,
-  P("seeds"))`` (shared data replicated) before the jitted, vmapped round, so
+  the library's ``("seeds", "clients")`` mesh (``jsfl.engine.sharding``, seed
+  axis D, shared data replicated) before the jitted, vmapped round, so
   jit partitions the seeds over the devices (no pmap).  Where the backend has
   fewer than D devices the point runs on D simulated host devices
   (``JAX_PLATFORMS=cpu``, ``XLA_FLAGS=--xla_force_host_platform_device_count=D``),
@@ -54,8 +54,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -64,6 +62,7 @@ import interleave  # benchmarks/ is not a package: a sibling module
 
 from jsfl import runner
 from jsfl.data import load_dataset
+from jsfl.engine import sharding
 from jsfl.methods import base, sfl
 from jsfl.models import get_model
 
@@ -73,23 +72,12 @@ COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute",
 
 # ------------------------------------------------------------------ worker
 def place_on_seed_mesh(per_seed, shared, devices):
-  """Puts every per-seed leaf's leading axis on a ``("seeds",)`` mesh.
-
-  Kept as the one place that decides device placement, so it can be swapped
-  for the library's mesh (``jsfl/engine/sharding.py``) once that lands.
-
-  Args:
-    per_seed: pytree whose leaves have a leading seed axis (state, keys,
-      per-seed data); its length must be a multiple of ``len(devices)``.
-    shared: pytree used by every seed (train set, mean, std): replicated.
-    devices: the devices of the mesh.
-
-  Returns:
-    ``(per_seed, shared)`` placed.
-  """
-  mesh = Mesh(np.asarray(devices), ("seeds",))
-  return (jax.device_put(per_seed, NamedSharding(mesh, P("seeds"))),
-          jax.device_put(shared, NamedSharding(mesh, P())))
+  """Per-seed leaves on the library's ``("seeds", "clients")`` mesh over
+  ``devices`` (seed axis sharded, client axis 1), ``shared`` replicated:
+  the placement ``jsfl run`` uses (:mod:`jsfl.engine.sharding`)."""
+  mesh = sharding.make_mesh((len(devices), 1), devices)
+  return (sharding.put(per_seed, sharding.seed_sharding(mesh)),
+          sharding.put(shared, sharding.replicated(mesh)))
 
 
 def _peak_memory() -> dict:
@@ -327,13 +315,7 @@ def main(argv=None):
     print(f"| {r['axis']} | {r['clients']} | {r['seeds']} | {r['devices']} | "
           f"{r['samples_per_s']:,.0f} | {r['compile_s']:.1f} | "
           f"{r['memory']['peak_bytes'] / 2**20:,.0f} | {coll} |")
-  os.makedirs(args.out, exist_ok=True)
-  stem = os.path.join(args.out, f"scaling-{jax.default_backend()}-{socket.gethostname()}-"
-                      f"{time.strftime('%Y%m%d-%H%M%S')}")
-  with open(stem + ".json", "w") as f:
-    json.dump(res, f, indent=1)
-  plot(res, stem + ".png")
-  print(f"\nwrote {stem}.json and .png")
+  interleave.write_results(res, args.out, "scaling", plot)
   return res
 
 

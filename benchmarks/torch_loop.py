@@ -258,6 +258,17 @@ def average_into(targets, sources, weights=None):
     t.load_state_dict(mean)
 
 
+def _seed(seed: int, device):
+  """Seeds torch's global state (model init) and returns the round's
+  generators on ``device`` and on the CPU."""
+  torch.manual_seed(seed)
+  gen = torch.Generator(device=device)
+  gen.manual_seed(seed)
+  cpu_gen = torch.Generator()
+  cpu_gen.manual_seed(seed)
+  return gen, cpu_gen
+
+
 def _split_step(client, opt_c, x, y, serve):
   """One client batch: client forward, the server's update, client backward.
 
@@ -287,11 +298,7 @@ class SFL:
   def __init__(self, cfg: Config, data: Data, seed: int):
     self.cfg, self.data = cfg, data
     dev = data.device
-    torch.manual_seed(seed)
-    self.gen = torch.Generator(device=dev)
-    self.gen.manual_seed(seed)
-    self.cpu_gen = torch.Generator()
-    self.cpu_gen.manual_seed(seed)
+    self.gen, self.cpu_gen = _seed(seed, dev)
     stages = build_stages(cfg.model, cfg.num_classes, cfg.width,
                           int(data.x.shape[1]))
     cut, _ = cfg.cuts()
@@ -384,11 +391,7 @@ class MultiSFL:
   def __init__(self, cfg: Config, data: Data, seed: int):
     self.cfg, self.data = cfg, data
     dev = data.device
-    torch.manual_seed(seed)
-    self.gen = torch.Generator(device=dev)
-    self.gen.manual_seed(seed)
-    self.cpu_gen = torch.Generator()
-    self.cpu_gen.manual_seed(seed)
+    self.gen, self.cpu_gen = _seed(seed, dev)
     cut, _ = cfg.cuts()
     cin = int(data.x.shape[1])
     first = build_stages(cfg.model, cfg.num_classes, cfg.width, cin)

@@ -393,13 +393,7 @@ def main(argv=None):
       f"{interleave.load_average()}, on {os.cpu_count()} CPUs")
   res["wall_s"] = time.time() - t_start
   print_table(res)
-  os.makedirs(args.out, exist_ok=True)
-  stem = os.path.join(args.out, f"vs_torch-{jax.default_backend()}-{socket.gethostname()}-"
-                      f"{time.strftime('%Y%m%d-%H%M%S')}")
-  with open(stem + ".json", "w") as f:
-    json.dump(res, f, indent=1)
-  plot(res, stem + ".png")
-  print(f"\nwrote {stem}.json and .png")
+  interleave.write_results(res, args.out, "vs_torch", plot)
   return res
 
 

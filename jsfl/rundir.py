@@ -86,10 +86,10 @@ def read_metrics(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def read_metrics_upto(path: str, last_round: int) -> list[dict]:
-  """The records of rounds <= ``last_round``, read only (what a non-writing
-  process of a multi-host resume needs; unparsable lines are skipped)."""
-  kept = []
+def _records_upto(path: str, last_round: int) -> tuple[list[dict], list[str]]:
+  """Records of rounds <= ``last_round`` and their lines; unparsable lines
+  (a killed run's half-written last line) are skipped; no file is empty."""
+  kept, lines = [], []
   if os.path.exists(path):
     with open(path) as f:
       for line in f:
@@ -99,7 +99,14 @@ def read_metrics_upto(path: str, last_round: int) -> list[dict]:
           continue
         if isinstance(rec, dict) and rec.get("round", 0) <= last_round:
           kept.append(rec)
-  return kept
+          lines.append(line if line.endswith("\n") else line + "\n")
+  return kept, lines
+
+
+def read_metrics_upto(path: str, last_round: int) -> list[dict]:
+  """The records of rounds <= ``last_round``, read only (what a non-writing
+  process of a multi-host resume needs)."""
+  return _records_upto(path, last_round)[0]
 
 
 class NullWriter:
@@ -119,17 +126,7 @@ def truncate_metrics(path: str, last_round: int) -> list[dict]:
   Lines that do not parse (the half-written last line of a killed run) are
   dropped with the later rounds.  A missing file counts as empty.
   """
-  kept, lines = [], []
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          rec = json.loads(line)
-        except json.JSONDecodeError:
-          continue
-        if isinstance(rec, dict) and rec.get("round", 0) <= last_round:
-          kept.append(rec)
-          lines.append(line if line.endswith("\n") else line + "\n")
+  kept, lines = _records_upto(path, last_round)
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:
     f.writelines(lines)

@@ -235,7 +235,7 @@ def run_mesh(exp: Experiment):
   return None if shape == (1, 1) else sharding.make_mesh(shape)
 
 
-def place(exp: Experiment, mesh, seed_keys, seed_data, shared, test):
+def place(mesh, seed_keys, seed_data, shared, test):
   """Seed-axis arrays onto the mesh's seed axis, the rest replicated; as is
   without a mesh."""
   if sharding.is_trivial(mesh):
@@ -357,7 +357,7 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) 
   test = jax.tree.map(jnp.asarray, chunk_test_set(
       exp.dataset.x_test, exp.dataset.y_test, cfg["exec"]["eval_batch"]))
   seed_keys, seed_data, shared, test = place(
-      exp, mesh, make_seed_keys(seeds), seed_data, shared, test)
+      mesh, make_seed_keys(seeds), seed_data, shared, test)
   state = init(seed_keys)
   R, every = cfg["run"]["rounds"], cfg["run"]["eval_every"]
   ckpt_every = cfg["run"]["checkpoint_every"]

@@ -8,13 +8,13 @@ import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from jsfl import config as config_lib  # noqa: E402
-from jsfl import runner  # noqa: E402
+from jsfl import config as config_lib
+from jsfl import runner
 
 SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_classes=4",
        "dataset.train_size=240", "dataset.test_size=40", "model.width=4", "model.hidden=16",
@@ -28,10 +28,10 @@ def rounds(method: str, mesh_spec: str, num_rounds: int):
       None, SYN + [f"method.name={method}", f"exec.mesh={mesh_spec}", *EXTRA.get(method, [])])
   exp = runner.prepare(cfg)
   mesh = runner.run_mesh(exp)
-  init, rnd, ev = runner.build_programs(exp, mesh)
+  init, rnd, _ = runner.build_programs(exp, mesh)
   seed_data, shared = runner.split_data(exp)
   keys, seed_data, shared, _ = runner.place(
-      exp, mesh, runner.make_seed_keys(exp.seeds), seed_data, shared, shared)
+      mesh, runner.make_seed_keys(exp.seeds), seed_data, shared, shared)
   state = init(keys)
   metrics = []
   for r in range(num_rounds):

@@ -157,7 +157,3 @@ def constrain_clients(tree):
     return lax.with_sharding_constraint(a, spec)
   return jax.tree.map(one, tree)
 
-
-def gather_host(tree):
-  """Host numpy copies of (replicated or fully addressable) arrays."""
-  return jax.device_get(tree)
