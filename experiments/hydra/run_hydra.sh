@@ -10,8 +10,8 @@
 #   phi10     SFL and Hydra, 80%-DL phi=10 (100 clients), cyclic and random
 #   iid       SFL and Hydra on IID data (the reference row of the paper's tables)
 #   all       every block above
-# ORDERS (default "cyclic random") and PHI (default 1; the paper's Table 4
-# uses phi=10) select the cells of table4.
+# ORDERS (default "cyclic random") selects the orders of required and table4;
+# PHI (default 1; the paper's Table 4 uses phi=10) the scale of table4.
 # Env: OUT (runs/hydra), ROUNDS / SEEDS / SUBSET to override fmnist.toml,
 # CONFIG (another base config, e.g. experiments/hydra/cifar10_mobilenet.toml),
 # CUT (model.cut) and HEAD_CUT (first head stage of Hydra and MultiHead).
@@ -47,7 +47,7 @@ cell() {
 }
 
 required() {
-  for order in cyclic random; do
+  for order in ${ORDERS:-cyclic random}; do
     cell "sfl_dl80_phi1_$order" sfl 0.8 1 $order
     cell "hydra_dl80_phi1_$order" hydra 0.8 1 $order
   done
