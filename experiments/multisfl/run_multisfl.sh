@@ -8,8 +8,9 @@
 #   ablation  Conf1 (no replay) and Conf2 (replay at a fixed proportion equal
 #             to the mean p_r of the MultiSFL cell, read from its
 #             metrics.jsonl; run table1 first) per partition (KoReA-SFL Table 2)
-#   required  the cells of the check, first: MultiSFL, SFL, FedAvg,
-#             Conf1, Conf2 per partition (then table1 fills in the rest)
+#   required  the cells of the check, first: MultiSFL, SFL,
+#             SplitFedV1 (the paper's "SFL", see README), FedAvg, Conf1,
+#             Conf2 per partition (then table1 fills in the rest)
 #   all       table1 and ablation
 # Env: OUT (runs/multisfl), ROUNDS / SEEDS / SUBSET to override the config,
 # MIN_SIZE (partition.min_size; 5 lets Dirichlet 0.1 split a 12k subset
@@ -82,7 +83,7 @@ required() {
   for part in $parts; do
     local pn p
     pn=$(part_name "$part")
-    for m in multisfl sfl fedavg; do cell "${tag}_${m}_$pn" "$m" "$part"; done
+    for m in multisfl sfl splitfedv1 fedavg; do cell "${tag}_${m}_$pn" "$m" "$part"; done
     cell "${tag}_conf1_$pn" multisfl "$part" method.replay=off
     p=$(mean_p "${tag}_multisfl_$pn")
     cell "${tag}_conf2_$pn" multisfl "$part" method.replay=fixed method.p0="$p"

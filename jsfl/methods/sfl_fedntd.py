@@ -23,6 +23,14 @@ other two (``sfl_fedexp``, ``sfl_fedmut``) import it.  With no hooks it is
 
 Decisions and departures:
 
+* Which SFL: SPEC 5 says "the SFL workflow", and SPEC 2's SFL is SplitFedV2,
+  which is what these three modules build on.  The MultiSFL paper's own SFL
+  baseline is the parallel one (its text: clients work with the main server
+  "in parallel"; the authors' public code gives each selected client copies
+  of both global portions and averages both), i.e. SplitFedV1, which equals
+  FedAvg (tested).  Under that reading the SFL forms would equal the FL
+  methods (``fedntd`` for FedNTD); ``experiments/multisfl`` reports both SFL
+  rows.
 * The teacher's cut-layer features are computed at the client with the
   frozen global client portion and uploaded next to the student's, so
   :func:`communication` counts one extra activation per sample up.
