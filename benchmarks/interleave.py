@@ -18,6 +18,7 @@ must not pay for jax, nor the jsfl worker for torch.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -163,3 +164,11 @@ def write_results(res: dict, out: str, prefix: str, plot) -> str:
   plot(res, stem + ".png")
   print(f"\nwrote {stem}.json and .png")
   return stem
+
+
+def add_run_args(ap: argparse.ArgumentParser, out: str) -> None:
+  """The options every interleaved benchmark shares: ``--load-note``,
+  ``--out`` (default ``out``) and the hidden ``--worker`` of its subprocesses."""
+  ap.add_argument("--load-note", default="", help="free text on the machine's load")
+  ap.add_argument("--out", default=out)
+  ap.add_argument("--worker", default="", help=argparse.SUPPRESS)

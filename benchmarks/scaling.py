@@ -52,16 +52,14 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
-import interleave  # benchmarks/ is not a package: a sibling module
+import interleave  # benchmarks/ is not a package: sibling modules
+import throughput
 
 from jsfl import runner
-from jsfl.data import load_dataset
 from jsfl.engine import sharding
 from jsfl.methods import base, sfl
 from jsfl.models import get_model
@@ -106,14 +104,7 @@ def worker(args, point: dict) -> None:
                      max_size=n_per, batch_size=args.batch, cut=model.default_cut,
                      order="random", lr=args.lr, momentum=args.momentum,
                      weight_decay=args.weight_decay, client_exec=args.client_exec)
-  ds = load_dataset("synthetic", input_shape=(32, 32, 3), num_classes=10,
-                    train_size=clients * n_per, test_size=10, seed=0)
-  table = np.arange(clients * n_per, dtype=np.int32).reshape(clients, n_per)
-  shared = {"x": jnp.asarray(ds.x_train), "y": jnp.asarray(ds.y_train),
-            "mean": jnp.asarray(ds.mean), "std": jnp.asarray(ds.std)}
-  per_seed = {"table": jnp.broadcast_to(table, (seeds,) + table.shape),
-              "sizes": jnp.full((seeds, clients), n_per, jnp.int32),
-              "dominant": jnp.zeros((seeds, clients), jnp.int32)}
+  shared, per_seed = throughput.workload(args, clients, seeds)
   how = point["seed_exec"]
 
   def one(state, sd, key, sh):
@@ -264,10 +255,7 @@ def main(argv=None):
                   help="time a curve's points round-robin with all workers alive (auto: "
                   "on for CPU, where the load varies; off on accelerators, where live "
                   "workers would hold device memory)")
-  ap.add_argument("--load-note", default="", help="free text on the machine's load")
-  ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                "results"))
-  ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
+  interleave.add_run_args(ap, os.path.join(HERE, "results"))
   argv = sys.argv[1:] if argv is None else list(argv)
   args = ap.parse_args(argv)
   if args.worker:

@@ -324,9 +324,7 @@ def main(argv=None):
   ap.add_argument("--torch-threads", type=int, default=os.cpu_count(),
                   help="torch.set_num_threads (on a loaded CPU 1 can be much faster: "
                   "see benchmarks/README.md)")
-  ap.add_argument("--load-note", default="", help="free text on the machine's load")
-  ap.add_argument("--out", default=os.path.join(HERE, "results"))
-  ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
+  interleave.add_run_args(ap, os.path.join(HERE, "results"))
   argv = sys.argv[1:] if argv is None else list(argv)
   args = ap.parse_args(argv)
   if args.worker:
