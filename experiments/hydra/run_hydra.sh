@@ -6,7 +6,8 @@
 #   required  SFL vs SFL+Hydra, 80%-DL phi=1, cyclic and random   (done-when)
 #   table4    Hydra with G = 5 and 2 heads (superclasses), cyclic and random
 #   table3    SplitFedV1, SplitFedV3, MultiHead, MergeSFL, SplitNN, 80%-DL random
-#   table1    60%-DL phi=1, 80%-DL phi=5 / phi=10, cyclic_reverse (SFL and Hydra)
+#   table1    60%-DL phi=1, 80%-DL phi=5 / phi=10, cyclic_reverse (SFL and Hydra;
+#             the phi=10 cyclic cells are shared with phi10)
 #   phi10     SFL and Hydra, 80%-DL phi=10 (100 clients), cyclic and random
 #   iid       SFL and Hydra on IID data (the reference row of the paper's tables)
 #   all       every block above
@@ -72,6 +73,7 @@ table1() {
     cell "${m}_dl60_phi1_random" $m 0.6 1 random
     cell "${m}_dl80_phi1_cyclic_reverse" $m 0.8 1 cyclic_reverse
     cell "${m}_dl80_phi5_cyclic" $m 0.8 5 cyclic
+    cell "${m}_dl80_phi5_random" $m 0.8 5 random
     cell "${m}_dl80_phi10_cyclic" $m 0.8 10 cyclic
   done
 }
