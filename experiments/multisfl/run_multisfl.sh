@@ -11,9 +11,11 @@
 #   required  the cells of the issue's check, first: MultiSFL, SFL,
 #             SplitFedV1 (the paper's "SFL", see README), FedAvg, Conf1,
 #             Conf2 per partition (then table1 fills in the rest)
+#   core      MultiSFL, SFL, FedAvg and Conf1 per partition (the rows that
+#             decide the comparison, before the SFL forms and Conf2)
 #   all       table1 and ablation
 # Env: OUT (runs/multisfl), ROUNDS / SEEDS / SUBSET to override the config,
-# MIN_SIZE (partition.min_size; 5 lets Dirichlet 0.1 split a 12k subset
+# MIN_SIZE (Dirichlet's partition.min_size; 5 lets Dirichlet 0.1 split a 12k subset
 # over 100 clients), CONFIG (default experiments/multisfl/fmnist.toml; the cifar*_*.toml files
 # hold the papers' models), PARTS (default "0.1 0.3 0.5 iid").
 set -euo pipefail
@@ -28,12 +30,11 @@ extra=()
 [[ -n "${ROUNDS:-}" ]] && extra+=("run.rounds=$ROUNDS")
 [[ -n "${SEEDS:-}" ]] && extra+=("run.seeds=$SEEDS")
 [[ -n "${SUBSET:-}" ]] && extra+=("dataset.train_subset=$SUBSET")
-[[ -n "${MIN_SIZE:-}" ]] && extra+=("partition.min_size=$MIN_SIZE")
 
 # partition arguments of a partition tag: "iid" or a Dirichlet beta
 part_args() {
   if [[ $1 == iid ]]; then echo "partition.name=iid"
-  else echo "partition.name=dirichlet partition.alpha=$1"; fi
+  else echo "partition.name=dirichlet partition.alpha=$1${MIN_SIZE:+ partition.min_size=$MIN_SIZE}"; fi
 }
 part_name() { [[ $1 == iid ]] && echo iid || echo "dir$1"; }
 
@@ -76,6 +77,15 @@ ablation() {
     cell "${tag}_conf1_$pn" multisfl "$part" method.replay=off
     p=$(mean_p "${tag}_multisfl_$pn")
     cell "${tag}_conf2_$pn" multisfl "$part" method.replay=fixed method.p0="$p"
+  done
+}
+
+core() {
+  for part in $parts; do
+    local pn
+    pn=$(part_name "$part")
+    for m in multisfl sfl fedavg; do cell "${tag}_${m}_$pn" "$m" "$part"; done
+    cell "${tag}_conf1_$pn" multisfl "$part" method.replay=off
   done
 }
 
