@@ -229,8 +229,8 @@ def test_real_debian_fashion_mnist(monkeypatch, tmp_path):
 
 def _fake_tfds(calls, fail=False):
   def load(name, split, batch_size, data_dir, download):
-    calls.append(dict(name=name, split=split, batch_size=batch_size,
-                      data_dir=data_dir, download=download))
+    calls.append({"name": name, "split": split, "batch_size": batch_size,
+                      "data_dir": data_dir, "download": download})
     if fail:
       raise RuntimeError("DatasetNotFoundError: not prepared")
     n = 8 if split == "train" else 4
@@ -255,9 +255,9 @@ def test_tfds_path_with_fake_module(monkeypatch, isolated_cache):
                     [(8, 32, 32, 3), (8,), (4, 32, 32, 3), (4,)])
   assert ds.num_classes == 10 and ds.y_train.dtype == np.int32
   assert [c["split"] for c in calls] == ["train", "test"]
-  assert calls[0] == dict(name="cifar10", split="train", batch_size=-1,
-                          data_dir=str(isolated_cache / "tfds"),
-                          download=False)
+  assert calls[0] == {"name": "cifar10", "split": "train", "batch_size": -1,
+                          "data_dir": str(isolated_cache / "tfds"),
+                          "download": False}
   calls.clear()
   ds = data.load_dataset("svhn", data_dir="/somewhere/tfds")
   assert calls[0]["name"] == "svhn_cropped"
@@ -382,8 +382,8 @@ def _nearest_class_mean_accuracy(ds: data.Dataset) -> float:
 
 
 def test_synthetic_shapes_dtypes_determinism():
-  kw = dict(input_shape=(7, 9, 2), num_classes=4, train_size=41,
-            test_size=13, seed=5)
+  kw = {"input_shape": (7, 9, 2), "num_classes": 4, "train_size": 41,
+            "test_size": 13, "seed": 5}
   a = data.load_dataset("synthetic", **kw)
   b = data.load_dataset("synthetic", **kw)
   chex.assert_shape([a.x_train, a.y_train, a.x_test, a.y_test],
@@ -405,8 +405,8 @@ def test_synthetic_shapes_dtypes_determinism():
 
 
 def test_synthetic_is_learnable_but_not_trivial():
-  kw = dict(input_shape=(16, 16, 3), num_classes=10, train_size=2000,
-            test_size=1000, seed=0)
+  kw = {"input_shape": (16, 16, 3), "num_classes": 10, "train_size": 2000,
+            "test_size": 1000, "seed": 0}
   acc = _nearest_class_mean_accuracy(data.load_dataset("synthetic", **kw))
   assert 0.3 < acc < 0.9  # chance is 0.1
   easy = _nearest_class_mean_accuracy(
@@ -417,12 +417,12 @@ def test_synthetic_is_learnable_but_not_trivial():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(input_shape=(8, 8)), "input_shape=.*allowed: \\(H, W, C\\)"),
-    (dict(num_classes=1), "num_classes=1; allowed: an int >= 2"),
-    (dict(train_size=0), "train_size=0"),
-    (dict(test_size=2.5), "test_size=2.5"),
-    (dict(seed=-1), "seed=-1"),
-    (dict(noise=-0.1), "noise=-0.1"),
+    ({"input_shape": (8, 8)}, "input_shape=.*allowed: \\(H, W, C\\)"),
+    ({"num_classes": 1}, "num_classes=1; allowed: an int >= 2"),
+    ({"train_size": 0}, "train_size=0"),
+    ({"test_size": 2.5}, "test_size=2.5"),
+    ({"seed": -1}, "seed=-1"),
+    ({"noise": -0.1}, "noise=-0.1"),
 ])
 def test_synthetic_bad_options(bad, match):
   with pytest.raises(ValueError, match=match):

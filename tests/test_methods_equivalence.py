@@ -20,7 +20,7 @@ from jsfl.engine import batching, common
 from jsfl.methods import base, fedavg, sfl, splitfedv1
 from jsfl.models import get_model
 
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
 def tiny_model(norm="batch"):
@@ -29,10 +29,10 @@ def tiny_model(norm="batch"):
 
 def make_setup(model, data, **kw):
   sizes = np.asarray(data["sizes"])
-  args = dict(model=model, num_clients=len(sizes), clients_per_round=len(sizes),
-              max_size=int(sizes.max()), batch_size=4, local_epochs=1,
-              cut=2, order="random", lr=0.1, lr_decay=0.9, lr_min=0.05,
-              momentum=0.5, weight_decay=1e-3, client_exec="vmap")
+  args = {"model": model, "num_clients": len(sizes), "clients_per_round": len(sizes),
+              "max_size": int(sizes.max()), "batch_size": 4, "local_epochs": 1,
+              "cut": 2, "order": "random", "lr": 0.1, "lr_decay": 0.9, "lr_min": 0.05,
+              "momentum": 0.5, "weight_decay": 1e-3, "client_exec": "vmap"}
   args.update(kw)
   return base.Setup(**args)
 
