@@ -69,6 +69,16 @@ def test_score_vector_priorities_and_quotas_hand_cases():
   np.testing.assert_array_equal(
       # mean 3 -> priors (3, 0, 0, 1); 10 split 3:1 -> 7.5, 2.5
       multisfl.quotas(jnp.array([0.0, 5, 5, 2]), jnp.int32(40), 0.25), [7, 0, 0, 2])
+  # min_request: |D| p = 0.5 is raised to 10, split 2:1 -> 6.67, 3.33; a
+  # request already above the floor is left as it is
+  np.testing.assert_array_equal(
+      multisfl.quotas(jnp.array([1.0, 2, 3, 6]), jnp.int32(50), 0.01, 10), [6, 3, 0, 0])
+  np.testing.assert_array_equal(
+      multisfl.quotas(jnp.array([1.0, 2, 3, 6]), jnp.int32(50), 0.01), [0, 0, 0, 0])
+  np.testing.assert_array_equal(
+      multisfl.quotas(jnp.array([1.0, 2, 3, 6]), jnp.int32(50), 0.6, 10), [20, 10, 0, 0])
+  np.testing.assert_array_equal(
+      multisfl.quotas(jnp.array([2.0, 2, 2]), jnp.int32(50), 0.01, 10), [0, 0, 0])
 
 
 def test_fgn_and_proportion_hand_cases():
@@ -181,6 +191,10 @@ CASES = {
                  "opts": {"replay": "fixed", "p0": 0.5}},
     # Conf1
     "off": {"cut": 1, "rounds": 1, "opts": {"replay": "off"}},
+    # the authors' request floor: |D_i| p < 1 here, so every replayed sample
+    # is there because of min_request
+    "floor": {"cut": 1, "rounds": 2,
+              "opts": {"p0": 0.01, "p_min": 0.01, "p_max": 0.04, "min_request": 6}},
 }
 
 
@@ -242,7 +256,8 @@ def ref_multisfl(setup, data, key, rounds):
       sv = num[i] / den
       prior = np.maximum(0.0, sv.mean() - sv)
       if prior.sum() > 0 and o.replay != "off":
-        quota[i] = np.floor(sizes[clients[i]] * np.float32(p) * prior / prior.sum())
+        request = max(o.min_request, sizes[clients[i]] * np.float32(p))
+        quota[i] = np.floor(request * prior / prior.sum())
     np.testing.assert_array_equal(np.asarray(d.quota), quota)
     f1, fs1 = list(p1), list(s1)                  # frozen round-start copies
     b1 = [zeros_like(p1[0]) for _ in range(n)]
@@ -329,10 +344,11 @@ def test_multisfl_equals_loop(case):
       assert ms[0]["p_next"] == ms[0]["p"] and ms[1]["p_next"] != ms[1]["p"]
 
 
-def test_decide_never_replays_active_clients_and_fills_quotas():
-  setup = ms_setup("adaptive")
+@pytest.mark.parametrize(("case", "p"), [("adaptive", 0.7), ("floor", 0.04)])
+def test_decide_never_replays_active_clients_and_fills_quotas(case, p):
+  setup = ms_setup(case)
   data = MS_DATA
-  st = multisfl.init(setup, jax.random.key(0)).replace(p=jnp.float32(0.7))
+  st = multisfl.init(setup, jax.random.key(0)).replace(p=jnp.float32(p))
   table, sizes, y = (np.asarray(data[k]) for k in ("table", "sizes", "y"))
   owner = np.full(len(y), -1)
   for k in range(len(sizes)):
@@ -340,8 +356,10 @@ def test_decide_never_replays_active_clients_and_fills_quotas():
   hold = np.stack([np.bincount(y[table[k, :sizes[k]]], minlength=4)
                    for k in range(len(sizes))])
   decide = ms_decide(setup)
+  requested = 0
   for seed in range(3):
     d = jax.device_get(decide(st, jax.random.key(seed)))
+    requested += int(d.quota.sum())
     active = np.zeros(len(sizes), bool)
     active[d.clients] = True
     for i in range(3):
@@ -353,6 +371,7 @@ def test_decide_never_replays_active_clients_and_fills_quotas():
       np.testing.assert_array_equal(d.served[i], want)
       # replay only alongside the main client's existing batches
       assert not (d.rmask[:, i].any(1) & ~d.mask[:, i].any(1)).any()
+  assert requested > 0   # the guard: the case does request replay
 
 
 # ------------------------------------------- SFL-form baselines vs loops
@@ -526,10 +545,10 @@ def test_cli_smoke(tmp_path, name, extra):
     assert {"p", "p_next", "fgn", "assistants", "replay_samples"} <= set(r)
 
 
-def test_multisfl_bad_options_are_config_errors(tmp_path, capsys):
-  code = cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}", "method.name=multisfl",
-                   "method.gamma=1.5"])
-  assert code == 2 and "method.gamma=1.5" in capsys.readouterr().err
+@pytest.mark.parametrize("bad", ["method.gamma=1.5", "method.min_request=-3"])
+def test_multisfl_bad_options_are_config_errors(tmp_path, capsys, bad):
+  code = cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}", "method.name=multisfl", bad])
+  assert code == 2 and bad in capsys.readouterr().err
   assert not (tmp_path / "r").exists()
 
 

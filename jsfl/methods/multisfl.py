@@ -68,6 +68,10 @@ wins):
 * An assistant is drawn at most once per branch and round (random order
   without replacement); different branches draw independently and may share
   assistants.
+* ``min_request`` (default 0, SPEC 4) is an option, not a default: the
+  authors' code requests ``max(L, |D_i| p_r)`` features per branch and round,
+  which keeps replay alive where ``|D_i| p_r`` is a handful of samples
+  (small clients at ``p_min = 0.01``); ``method.min_request = L`` gives that.
 * ``p_1 = p_0`` (FGN(-1) does not exist), and p is kept when ``FGN(r-1) = 0``
   or the update is not finite.  ``eta`` in FGN is the round's learning rate;
   ``g_i`` is the loss gradient (without weight decay) w.r.t. ``ws_i``.
@@ -123,6 +127,9 @@ OPTIONS = {
     "p_max": (float, 0.5, "upper clip of the adaptive proportion", None),
     "gamma": (float, 0.5, "score-vector decay, 0 < gamma < 1", None),
     "alpha": (float, 0.1, "pull-back weight of the master model", None),
+    "min_request": (int, 0, ("smallest total replay request of a branch and round: "
+                             "max(min_request, |D_i| p_r) (0 = SPEC 4; the authors' "
+                             "code uses the number of classes)"), None),
 }
 
 
@@ -135,6 +142,7 @@ class Options(NamedTuple):
   p_max: float
   gamma: float
   alpha: float
+  min_request: int
 
 
 def options(setup: Setup) -> Options:
@@ -153,6 +161,9 @@ def validate(setup: Setup) -> None:
     raise ValueError(f"method.alpha={o.alpha!r}; allowed: a float >= 0")
   if not 0 <= o.p0 <= 1:
     raise ValueError(f"method.p0={o.p0!r}; allowed: a float in [0, 1]")
+  if isinstance(o.min_request, bool) or not isinstance(o.min_request, int) \
+      or o.min_request < 0:
+    raise ValueError(f"method.min_request={o.min_request!r}; allowed: an int >= 0")
   if o.replay == "adaptive" and not 0 < o.p_min <= o.p0 <= o.p_max <= 1:
     raise ValueError(f"method.p_min={o.p_min!r}, p0={o.p0!r}, p_max={o.p_max!r}; "
                      "allowed: 0 < p_min <= p0 <= p_max <= 1")
@@ -167,15 +178,18 @@ def proportion_cap(setup: Setup) -> float:
 def replay_sizes(setup: Setup) -> tuple[int, int]:
   """Static ``(replay list length, replay share per step)`` of one branch.
 
-  A quota totals at most ``floor(|D_i| p) <= floor(max_size p_cap)`` samples
-  and a batch's share at most ``ceil(Q / nb) <= ceil(B p_cap)``; one extra
-  slot absorbs float32 rounding.  Both are 0 with replay off.
+  A quota totals at most ``max(m, |D_i| p) <= max(m, floor(max_size p_cap))``
+  samples (``m = min_request``) and a batch's share at most ``ceil(Q / nb)
+  <= m + floor(B p_cap) + 1`` (``nb >= |D_i| / B``); one extra slot absorbs
+  float32 rounding.  Both are 0 with replay off.
   """
+  o = options(setup)
   pc = proportion_cap(setup)
-  if pc <= 0:
+  m = o.min_request if o.replay != "off" else 0
+  if pc <= 0 and m == 0:
     return 0, 0
-  cap = math.floor(setup.max_size * pc) + 1
-  return cap, min(cap, math.floor(setup.batch_size * pc) + 1)
+  cap = max(math.floor(setup.max_size * pc), m) + 1
+  return cap, min(cap, math.floor(setup.batch_size * pc) + 1 + m)
 
 
 @struct.dataclass
@@ -231,13 +245,18 @@ def priorities(sv):
   return jnp.maximum(0.0, jnp.mean(sv, axis=-1, keepdims=True) - sv)
 
 
-def quotas(sv, size, p):
+def quotas(sv, size, p, min_request=0):
   """Eq. 4: ``q_c = floor(|D_i| p prior_c / sum_c prior_c)``; 0 if all priors are 0.
+
+  With ``min_request = m > 0`` the total ``|D_i| p`` becomes ``max(m, |D_i| p)``
+  (the floor the authors' code puts under a branch's request, there ``m = L``;
+  SPEC 4.4 has none, ``m = 0``).
 
   Args:
     sv: ``(L,)`` score vector.
     size: the main client's sample count ``|D_i|``.
     p: the round's sampling proportion.
+    min_request: smallest total request ``m`` (static int).
 
   Returns:
     ``(L,)`` int32 samples requested per class.
@@ -245,7 +264,10 @@ def quotas(sv, size, p):
   prior = priorities(sv)
   total = jnp.sum(prior)
   share = jnp.where(total > 0, prior / jnp.where(total > 0, total, 1.0), 0.0)
-  return jnp.floor(size.astype(jnp.float32) * p * share).astype(jnp.int32)
+  request = size.astype(jnp.float32) * p
+  if min_request:
+    request = jnp.maximum(request, jnp.float32(min_request))
+  return jnp.floor(request * share).astype(jnp.int32)
 
 
 def assistant_takes(key, holdings, active, quota):
@@ -439,7 +461,7 @@ def decide(setup: Setup, state: State, data, key) -> Decisions:
     return Decisions(clients, sizes, idx, mask, counts, num, den, quota, take,
                      ridx, rmask, jnp.zeros((n, L), jnp.int32), plan.lr)
   pool, start = class_pool(k_pool, data["table"], data["sizes"], data["y"], L)
-  quota = jax.vmap(quotas, in_axes=(0, 0, None))(sv, sizes, state.p)
+  quota = jax.vmap(lambda s, z: quotas(s, z, state.p, o.min_request))(sv, sizes)
   active = jnp.zeros(K, bool).at[clients].set(True)
   take = jax.vmap(lambda k, q: assistant_takes(k, holdings, active, q))(
       jax.random.split(k_take, n), quota)
