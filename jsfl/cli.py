@@ -35,8 +35,11 @@ evaluated rounds, then median +- std over seeds (accuracy, PG, BW).
 
   jsfl report runs/demo-20260101-120000
   jsfl report experiments/core/results/runs --out experiments/core/results
+  jsfl report experiments/multisfl/results/runs --paired fmnist_multisfl_dir0.1-20261122-061541
 
-Prints markdown; --out DIR also writes report.md, report.csv (one row per
+--paired ROW adds a column: per seed number (same partition and initial
+model across methods) each row's accuracy minus ROW's, the median of those
+differences and in how many seeds the row is ahead.  Prints markdown; --out DIR also writes report.md, report.csv (one row per
 table row) and report_seeds.csv (one row per run and seed).  Unreadable
 metrics.jsonl lines are named (FILE:LINE) on stderr and skipped."""
 
@@ -120,6 +123,10 @@ def _parser() -> argparse.ArgumentParser:
                    "instead of the fields that differ")
     t.add_argument("--last", type=int, default=5,
                    help="evaluated rounds per seed in its median (default 5)")
+    if name == "report":
+      t.add_argument("--paired", default=None, metavar="ROW",
+                     help="compare every row's accuracy with this row (its label, "
+                     "a unique part of it, or one of its run directories) seed by seed")
   w = sub.add_parser("sweep", help="run a grid of configs (cells), skipping finished ones",
                      description=SWEEP_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -240,7 +247,11 @@ def cmd_report(args) -> int:
   if args.last < 1:
     return _fail(f"--last={args.last}; allowed: an int >= 1")
   by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
-  rep = report.build_report(args.paths, by=by, last=args.last)
+  try:
+    rep = report.build_report(args.paths, by=by, last=args.last,
+                              paired_with=args.paired)
+  except ValueError as e:
+    return _fail(str(e))
   _warn(rep.problems)
   if not rep.rows:
     return _fail(f"no run with a usable metrics.jsonl in {' '.join(args.paths)}")

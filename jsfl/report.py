@@ -446,6 +446,67 @@ class Report:
   shared: dict[str, Any]
   problems: list[str]
   last: int = 5
+  paired_with: str = ""     # label of the reference row of ``paired`` ("" = none)
+  paired: list | None = None  # per row: paired_difference(...) against it, or None
+
+
+def find_row(rows: Sequence[Row], spec: str) -> int:
+  """The index of the row ``spec`` names: its exact label, else the one row
+  whose label contains ``spec``, else the one row holding a run whose path
+  ends with ``spec``.
+
+  Raises:
+    ValueError: naming ``spec`` and the row labels when none or several match.
+  """
+  labels = [r.group.label for r in rows]
+  for hits in ([i for i, lab in enumerate(labels) if lab == spec],
+               [i for i, lab in enumerate(labels) if spec in lab],
+               [i for i, r in enumerate(rows) if any(
+                   os.path.normpath(run.path).endswith(os.path.normpath(spec))
+                   for run in r.group.runs)]):
+    if len(hits) == 1:
+      return hits[0]
+    if len(hits) > 1:
+      raise ValueError(f"paired reference {spec!r} matches rows "
+                       f"{[labels[i] for i in hits]}; allowed: one row's label or run")
+  raise ValueError(f"paired reference {spec!r} matches no row; allowed: a row label "
+                   f"({labels}) or a run directory of one")
+
+
+def _by_seed_number(row: Row, key: str) -> dict:
+  out = {}
+  for s in row.per_seed:
+    if s["seed"] in out:
+      raise ValueError(f"row {row.group.label!r} holds seed {s['seed']} twice (pooled "
+                       "runs); a paired comparison needs one figure per seed number")
+    if s[key] is not None:
+      out[s["seed"]] = s[key]
+  return out
+
+
+def paired_difference(row: Row, ref: Row, key: str = "accuracy") -> dict | None:
+  """Per-seed differences ``row - ref`` over the seed numbers both rows have.
+
+  Methods run with the same seed number share the partition and the initial
+  model, so the per-seed difference removes most of the seed-to-seed spread
+  that the rows' own stds carry (the papers' paired reading of 5-10 seeds).
+
+  Args:
+    row, ref: report rows; each seed number must occur once per row.
+    key: the per-seed figure compared (``accuracy``, ``pg``, ``bw``).
+
+  Returns:
+    ``{"median", "ahead", "behind", "seeds", "diffs"}``: the median of the
+    differences, how many seeds have ``row`` above / below ``ref``, the
+    shared seed numbers and their differences; None when no seed is shared.
+  """
+  a, b = _by_seed_number(row, key), _by_seed_number(ref, key)
+  seeds = sorted(set(a) & set(b))
+  if not seeds:
+    return None
+  diffs = [a[s] - b[s] for s in seeds]
+  return {"median": float(np.median(diffs)), "ahead": sum(d > 0 for d in diffs),
+          "behind": sum(d < 0 for d in diffs), "seeds": seeds, "diffs": diffs}
 
 
 def _last_record_per_seed(records):
@@ -512,22 +573,32 @@ def _load(paths: Sequence[str], by: Sequence[str] | None) -> tuple[list[Run], li
 
 
 def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
-                 last: int = 5) -> Report:
+                 last: int = 5, paired_with: str | None = None) -> Report:
   """Finds, reads, groups and summarises the runs under ``paths``.
 
   Args:
     paths: run directories and/or trees holding run directories.
     by: grouping fields (``section.key``); default: the fields that differ.
     last: evaluated rounds per seed that enter its median.
+    paired_with: a row (:func:`find_row`) every other row's accuracy is
+      compared with seed by seed (:func:`paired_difference`).
 
   Returns:
     The report; ``rows`` is empty when no run has a usable record.
+
+  Raises:
+    ValueError: when ``paired_with`` names no row, or several.
   """
   runs, problems = _load(paths, by)
   if not runs:
     return Report([], [], {}, problems, last)
   groups, columns, shared = group_runs(runs, by)
-  return Report([_row(g, last) for g in groups], columns, shared, problems, last)
+  rep = Report([_row(g, last) for g in groups], columns, shared, problems, last)
+  if paired_with:
+    ref = rep.rows[find_row(rep.rows, paired_with)]
+    rep.paired_with = ref.group.label
+    rep.paired = [None if r is ref else paired_difference(r, ref) for r in rep.rows]
+  return rep
 
 
 def load_groups(paths: Sequence[str], by: Sequence[str] | None = None
@@ -561,6 +632,12 @@ def format_bytes(n: float | None) -> str:
   return f"{n:.0f} B"
 
 
+def _fmt_paired(p: dict | None) -> str:
+  if not p:
+    return "-"
+  return f"{p['median']:+.2f} ({p['ahead']} of {len(p['seeds'])})"
+
+
 def _fmt_value(v) -> str:
   if v is None:
     return "-"
@@ -587,13 +664,21 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
     names = short_names(rep.columns)
     head = [names[c] for c in rep.columns] + ["seeds", "rounds"] + \
         [t for _, t in TABLE_METRICS] + ["communication"]
+    if rep.paired is not None:
+      head.append(f"paired accuracy vs {rep.paired_with}")
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for row in rep.rows:
+    for i, row in enumerate(rep.rows):
       cells = [_fmt_value(row.group.values[c]) for c in rep.columns] + \
           [str(row.seeds), row.rounds] + [_fmt_stat(row.stats[k]) for k, _ in TABLE_METRICS] + \
           [format_bytes(row.bytes_total)]
+      if rep.paired is not None:
+        cells.append(_fmt_paired(rep.paired[i]))
       lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if rep.paired is not None:
+      lines += [(f"Paired: per seed number the row's accuracy minus {rep.paired_with}'s "
+                 "(same partition and initial model), the median of those differences, "
+                 "and in how many of the shared seeds the row is ahead."), ""]
     pos = [r for r in rep.rows if r.per_position]
     if pos:
       width = max(len(r.per_position) for r in pos)
@@ -627,14 +712,22 @@ def write_csv(rep: Report, path: str) -> None:
   metrics = [k for k, _ in TABLE_METRICS] + ["loss"]
   with open(path, "w", newline="") as f:
     w = csv.writer(f)
+    pair_cols = ([] if rep.paired is None else
+                 ["paired_with", "paired_accuracy_median", "paired_ahead", "paired_seeds"])
     w.writerow(rep.columns + ["seeds", "rounds"]
                + [f"{k}_{s}" for k in metrics for s in ("median", "std")]
-               + ["bytes_total_median", "runs"])
-    for row in rep.rows:
+               + ["bytes_total_median", "runs"] + pair_cols)
+    for i, row in enumerate(rep.rows):
+      pair = []
+      if rep.paired is not None:
+        p = rep.paired[i] or {}
+        pair = [rep.paired_with, _num(p.get("median")), _num(p.get("ahead")),
+                _num(len(p["seeds"]) if p else None)]
       w.writerow([_fmt_value(row.group.values[c]) for c in rep.columns]
                  + [row.seeds, row.rounds]
                  + [_num((row.stats[k] or {}).get(s)) for k in metrics for s in ("median", "std")]
-                 + [_num(row.bytes_total), ";".join(run.path for run in row.group.runs)])
+                 + [_num(row.bytes_total), ";".join(run.path for run in row.group.runs)]
+                 + pair)
 
 
 def write_seed_csv(rep: Report, path: str) -> None:

@@ -301,3 +301,44 @@ def test_report_and_plots_do_not_import_jax(tmp_path):
   res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO, check=False)
   assert res.returncode == 0, res.stderr
+
+
+def test_paired_differences_per_seed_number(tmp_path):
+  # sfl per seed: 50, 55 (SERIES); fedavg 3 up in seed 0, 1 down in seed 1;
+  # hydra has seeds 1 and 2 only, so it is compared on seed 1 alone.
+  write_run(tmp_path / "a")
+  write_run(tmp_path / "b", {"method.name": "fedavg"}, records=make_records(
+      {0: {**SERIES[0], "accuracy": [a + 3 for a in SERIES[0]["accuracy"]]},
+       1: {**SERIES[1], "accuracy": [a - 1 for a in SERIES[1]["accuracy"]]}}))
+  write_run(tmp_path / "c", {"method.name": "hydra", "run.seed": 1}, records=make_records(
+      {1: {**SERIES[1], "accuracy": [a + 7 for a in SERIES[1]["accuracy"]]},
+       2: SERIES[0]}))
+  rep = report.build_report([str(tmp_path)], paired_with="sfl")
+  assert [r.group.label for r in rep.rows] == ["sfl", "fedavg", "hydra"]
+  assert rep.paired_with == "sfl" and rep.paired[0] is None
+  fed, hyd = rep.paired[1], rep.paired[2]
+  assert fed["seeds"] == [0, 1] and fed["diffs"] == pytest.approx([3.0, -1.0])
+  assert fed["median"] == pytest.approx(1.0) and (fed["ahead"], fed["behind"]) == (1, 1)
+  assert hyd["seeds"] == [1] and hyd["median"] == pytest.approx(7.0) and hyd["ahead"] == 1
+  md = report.to_markdown(rep)
+  assert "paired accuracy vs sfl |" in md
+  assert "| +1.00 (1 of 2) |" in md and "| +7.00 (1 of 1) |" in md
+  paths = report.write_report(rep, str(tmp_path / "out"))
+  with open(paths[1]) as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["paired_accuracy_median"], r["paired_ahead"], r["paired_seeds"])
+          for r in rows] == [("", "", ""), ("1.0", "1", "2"), ("7.0", "1", "1")]
+
+
+def test_paired_reference_must_name_one_row(tmp_path, capsys):
+  write_run(tmp_path / "a")
+  write_run(tmp_path / "b", {"method.name": "sfl_fedntd"})
+  # "sfl" is one row's exact label, so it is not ambiguous with "sfl_fedntd"
+  assert report.build_report([str(tmp_path)], paired_with="sfl").paired_with == "sfl"
+  assert report.build_report([str(tmp_path)], paired_with=str(tmp_path / "b")
+                             ).paired_with == "sfl_fedntd"
+  with pytest.raises(ValueError, match="matches rows"):
+    report.build_report([str(tmp_path)], paired_with="fl")
+  assert cli.main(["report", str(tmp_path), "--paired", "hydra"]) == 2
+  err = capsys.readouterr().err
+  assert "'hydra' matches no row" in err and "sfl_fedntd" in err
