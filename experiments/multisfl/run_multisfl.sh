@@ -17,7 +17,8 @@
 # Env: OUT (runs/multisfl), ROUNDS / SEEDS / SUBSET to override the config,
 # MIN_SIZE (Dirichlet's partition.min_size; 5 lets Dirichlet 0.1 split a 12k subset
 # over 100 clients), CONFIG (default experiments/multisfl/fmnist.toml; the cifar*_*.toml files
-# hold the papers' models), PARTS (default "0.1 0.3 0.5 iid").
+# hold the papers' models), PARTS (default "0.1 0.3 0.5 iid"), RESULTS (where
+# collect.py writes PREFIX.md/.json; default experiments/multisfl/results/<config>).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-runs/multisfl}
@@ -104,4 +105,4 @@ blocks=("$@")
 [[ ${#blocks[@]} -eq 0 ]] && blocks=(table1)
 [[ ${blocks[0]} == all ]] && blocks=(table1 ablation)
 for b in "${blocks[@]}"; do $b; done
-$py experiments/collect.py "$out" --out "experiments/multisfl/results/$tag"
+$py experiments/collect.py "$out" --out "${RESULTS:-experiments/multisfl/results/$tag}"
