@@ -39,7 +39,9 @@ evaluated rounds, then median +- std over seeds (accuracy, PG, BW).
 
 --paired ROW adds a column: per seed number (same partition and initial
 model across methods) each row's accuracy minus ROW's, the median of those
-differences and in how many seeds the row is ahead.  Prints markdown; --out DIR also writes report.md, report.csv (one row per
+differences and in how many seeds the row is ahead.
+
+Prints markdown; --out DIR also writes report.md, report.csv (one row per
 table row) and report_seeds.csv (one row per run and seed).  Unreadable
 metrics.jsonl lines are named (FILE:LINE) on stderr and skipped."""
 
