@@ -161,8 +161,7 @@ def validate(setup: Setup) -> None:
     raise ValueError(f"method.alpha={o.alpha!r}; allowed: a float >= 0")
   if not 0 <= o.p0 <= 1:
     raise ValueError(f"method.p0={o.p0!r}; allowed: a float in [0, 1]")
-  if isinstance(o.min_request, bool) or not isinstance(o.min_request, int) \
-      or o.min_request < 0:
+  if o.min_request < 0:   # the config layer has already checked it is an int
     raise ValueError(f"method.min_request={o.min_request!r}; allowed: an int >= 0")
   if o.replay == "adaptive" and not 0 < o.p_min <= o.p0 <= o.p_max <= 1:
     raise ValueError(f"method.p_min={o.p_min!r}, p0={o.p0!r}, p_max={o.p_max!r}; "
