@@ -43,10 +43,13 @@ buffers, so a save must be done with them before it starts.
 
 from __future__ import annotations
 
+import errno
 import os
 
 import jax
 import numpy as np
+
+from jsfl.errors import CheckpointError
 
 MAX_TO_KEEP = 2
 
@@ -71,6 +74,67 @@ def _paths(tree) -> list[str]:
 
 def _leaf_names(n: int) -> list[str]:
   return [f"{i:05d}" for i in range(n)]
+
+
+def _reason(err: BaseException) -> str:
+  """A short one-line reason for an error raised deep inside orbax."""
+  text = " ".join(str(err).split()) or type(err).__name__
+  return text if len(text) <= 160 else text[:157] + "..."
+
+
+_FAULT_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                 errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                 errno.EPERM: "operation not permitted"}
+
+
+def environment_fault(err: BaseException) -> str | None:
+  """The reason if ``err`` (or an error it wraps) is the disk's or the
+  permissions' fault rather than a bug; orbax and tensorstore wrap OSErrors
+  in their own types, so the chain and the messages are searched."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if isinstance(err, OSError) and err.errno in _FAULT_ERRNOS:
+      return _FAULT_ERRNOS[err.errno]
+    text = str(err).lower()
+    for reason in _FAULT_ERRNOS.values():
+      if reason in text:
+        return reason
+    err = err.__cause__ or err.__context__
+  return None
+
+
+def check_matches(host: dict, template, seeds, where: str) -> None:
+  """Raises :class:`CheckpointError` if the checkpoint record ``host`` is not
+  of the state the run's config builds (``template``) or of its seeds."""
+  if host.get("seeds") != [int(s) for s in seeds]:
+    raise CheckpointError(
+        f"checkpoint {where} is of seeds {host.get('seeds')}, the run's config.json "
+        f"has {list(seeds)} (run.seed / run.seeds edited?); allowed: the config the "
+        "run was started with")
+  paths = _paths(template)
+  if host.get("paths") != paths:
+    theirs = host.get("paths") or []
+    first = next((i for i, (a, b) in enumerate(zip(theirs, paths)) if a != b),
+                 min(len(theirs), len(paths)))
+    raise CheckpointError(
+        f"checkpoint {where} holds another state structure than the run's config.json "
+        "builds "
+        f"({len(theirs)} leaves vs {len(paths)}, first difference at leaf {first}; "
+        "method or model edited?); allowed: the config the run was started with")
+  leaves = [_storable(x) for x in jax.tree.leaves(template)]
+  for i, (path, x) in enumerate(zip(paths, leaves)):
+    shape = (host.get("shapes") or [None] * len(leaves))[i]
+    dtype = (host.get("dtypes") or [None] * len(leaves))[i]
+    if shape is not None and list(shape) != list(x.shape):
+      raise CheckpointError(
+          f"checkpoint {where}: state{path} has shape {tuple(shape)}, the run's "
+          f"config.json builds {tuple(x.shape)} (model, clients or seeds edited?); "
+          "allowed: the config the run was started with")
+    if dtype is not None and dtype != str(x.dtype):
+      raise CheckpointError(
+          f"checkpoint {where}: state{path} is {dtype}, the run's config.json builds "
+          f"{x.dtype}; allowed: the config the run was started with")
 
 
 def _manager(directory: str, create: bool):
@@ -131,12 +195,13 @@ class Checkpointer:
 
   def __init__(self, directory: str):
     self.directory = directory
+    self.restored_host: dict | None = None
     self._mngr = _manager(directory, create=True)
 
   def latest_round(self) -> int | None:
     return self._mngr.latest_step()
 
-  def save(self, round_: int, state, seeds, cum_up, cum_down) -> None:
+  def save(self, round_: int, state, seeds, cum_up, cum_down, extra=None) -> None:
     """Writes the checkpoint of round ``round_`` (rounds completed) and waits
     for it; older checkpoints beyond the last two are deleted.
 
@@ -145,54 +210,103 @@ class Checkpointer:
       state: the method state after that round (leading seed axis).
       seeds: the run's seeds (checked on restore).
       cum_up, cum_down: per-seed cumulative bytes (numpy arrays).
+      extra: more JSON fields for the host record (e.g. diverged seeds).
+
+    Raises:
+      CheckpointError: the checkpoint could not be written for want of space
+        or permission (the run's files stay as they were after the previous
+        checkpoint; nothing half-written is ever restored).
     """
     import orbax.checkpoint as ocp
     leaves = [_storable(x) for x in jax.tree.leaves(state)]
     host = {"round": int(round_), "seeds": [int(s) for s in seeds],
             "paths": _paths(state),
+            "shapes": [list(np.shape(x)) for x in leaves],
+            "dtypes": [str(x.dtype) for x in leaves],
             "cum_up": np.asarray(cum_up).tolist(),
-            "cum_down": np.asarray(cum_down).tolist()}
-    self._mngr.save(int(round_), force=True, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(dict(zip(_leaf_names(len(leaves)), leaves))),
-        host=ocp.args.JsonSave(host)))
-    self._mngr.wait_until_finished()
+            "cum_down": np.asarray(cum_down).tolist(),
+            **(extra or {})}
+    try:
+      self._mngr.save(int(round_), force=True, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(dict(zip(_leaf_names(len(leaves)), leaves))),
+          host=ocp.args.JsonSave(host)))
+      self._mngr.wait_until_finished()
+    except Exception as e:
+      fault = environment_fault(e)
+      if fault is None:
+        raise
+      raise CheckpointError(
+          f"the checkpoint of round {round_} could not be written to {self.directory}: "
+          f"{fault}; the run's files are intact up to the previous checkpoint; allowed: "
+          "free the space (or fix the permission), then jsfl run --resume "
+          f"{os.path.dirname(os.path.abspath(self.directory))}") from None
 
-  def restore(self, template, seeds):
-    """The newest checkpoint, laid out like ``template``.
+  def restore(self, template, seeds, warn=None):
+    """The newest checkpoint that restores, laid out like ``template``.
+
+    Each checkpoint's JSON record is read first and checked against the run
+    (seeds, leaf paths, and shapes and dtypes where the record has them), so
+    an edited ``config.json`` is refused before any array is read.  A
+    checkpoint whose files do not restore (a damaged disk, a write cut off
+    in a way the atomic rename did not catch) is skipped for the one before
+    it, named through ``warn``, and deleted once an older one restored (the
+    run writes that round again).
 
     Args:
       template: a state of the run's method and config (e.g. ``init``'s
         output): its tree structure, dtypes and shardings are restored into.
       seeds: the run's seeds; they must be the checkpoint's.
+      warn: called with one line per checkpoint skipped.
 
     Returns:
-      ``(round, state, cum_up, cum_down)``, or None without a checkpoint.
+      ``(round, state, cum_up, cum_down)``, or None without a checkpoint;
+      the restored JSON record is left in ``self.restored_host``.
 
     Raises:
-      ValueError: the checkpoint is of another state structure or seeds.
+      CheckpointError: a checkpoint of another structure or seeds than the
+        run's config builds, or none restores.
     """
     import orbax.checkpoint as ocp
-    step = self._mngr.latest_step()
-    if step is None:
+    steps = sorted(self._mngr.all_steps(), reverse=True)
+    if not steps:
       return None
     leaves, treedef = jax.tree.flatten(template)
     abstract = dict(zip(_leaf_names(len(leaves)), map(_abstract, leaves)))
-    got = self._mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
-    host = got["host"]
-    where = f"{self.directory}/{step}"
-    if host["paths"] != _paths(template):
-      raise ValueError(f"checkpoint {where} holds another state structure than "
-                       "this run's method builds")
-    if host["seeds"] != [int(s) for s in seeds]:
-      raise ValueError(f"checkpoint {where} is of seeds {host['seeds']}, the run "
-                       f"has {list(seeds)}")
-    restored = [got["state"][name] for name in _leaf_names(len(leaves))]
-    restored = [jax.random.wrap_key_data(x, impl=jax.random.key_impl(t)) if _is_key(t)
-                else x for x, t in zip(restored, leaves)]
-    # np.asarray keeps the saved element type: ints stay ints, floats floats.
-    return (int(host["round"]), jax.tree.unflatten(treedef, restored),
-            np.asarray(host["cum_up"]), np.asarray(host["cum_down"]))
+    broken = []
+    for step in steps:
+      where = f"{self.directory}/{step}"
+      try:
+        host = self._mngr.restore(step, args=ocp.args.Composite(
+            host=ocp.args.JsonRestore()))["host"]
+        if not isinstance(host, dict) or "paths" not in host:
+          raise ValueError("its host record is not a jsfl checkpoint record")
+      except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the one before
+        broken.append((step, _reason(e)))
+        continue
+      check_matches(host, template, seeds, where)
+      try:
+        got = self._mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+        restored = [got["state"][name] for name in _leaf_names(len(leaves))]
+      except Exception as e:  # noqa: BLE001 - as above
+        broken.append((step, _reason(e)))
+        continue
+      for bad, why in broken:
+        if warn is not None:
+          warn(f"checkpoint {self.directory}/{bad} does not restore ({why}); "
+               f"resuming from checkpoint {step} instead")
+        self._mngr.delete(bad)
+      restored = [jax.random.wrap_key_data(x, impl=jax.random.key_impl(t)) if _is_key(t)
+                  else x for x, t in zip(restored, leaves)]
+      # np.asarray keeps the saved element type: ints stay ints, floats floats.
+      self.restored_host = host
+      return (int(host["round"]), jax.tree.unflatten(treedef, restored),
+              np.asarray(host["cum_up"]), np.asarray(host["cum_down"]))
+    raise CheckpointError(
+        f"no checkpoint in {self.directory} restores ("
+        + "; ".join(f"{s}: {why}" for s, why in broken)
+        + f"); allowed: an intact checkpoint, or remove {self.directory} to start "
+        "the run again from round 0")
 
   def close(self) -> None:
     self._mngr.close()

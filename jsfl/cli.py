@@ -1,15 +1,22 @@
 """The ``jsfl`` command line: ``jsfl run``, ``sweep``, ``partition``, ``report``, ``plot``.
 
-Exit codes: 0 success, 2 a bad config or argument (one line on stderr naming
-it and what is allowed; no run directory is left behind), 1 anything else.
+Exit codes: 0 success; 2 a bad config, argument, file or directory, a fault
+of the machine (disk full, no permission) or a diverged run: one line on
+stderr naming the value or file and what is allowed, and nothing new left on
+disk (a diverged run keeps its directory, whose summary names the seeds);
+1 a bug in jsfl (its traceback, marked as such) or a sweep cell that failed;
+130 / 143 a run stopped by SIGINT / SIGTERM after a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 
 from jsfl import __version__
+from jsfl.errors import OutputError, UserError, os_error_line
 
 RUN_HELP = """\
 Train one config.  CONFIG is a TOML file (see docs/config.md; every key is
@@ -146,13 +153,37 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fail(msg: str) -> int:
-  print(f"jsfl: error: {msg}", file=sys.stderr)
+  print(f"jsfl: error: {' '.join(str(msg).split())}", file=sys.stderr, flush=True)
   return 2
 
 
-def cmd_run(args) -> int:
-  import os
+def _check_out_dir(path: str, flag: str) -> None:
+  """An output directory that exists or can be made (checked before any work)."""
+  if os.path.lexists(path) and not os.path.isdir(path):
+    raise OutputError(f"{flag}={path!r} exists and is not a directory; allowed: a "
+                      "directory (created if missing)")
+  parent = os.path.abspath(path)
+  while not os.path.lexists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+    raise OutputError(f"{flag}={path!r}: {parent!r} is not a writable directory; "
+                      "allowed: a path under a writable directory")
 
+
+def _check_out_file(path: str, flag: str) -> None:
+  """An output file whose directory exists and is writable."""
+  if os.path.isdir(path):
+    raise OutputError(f"{flag}={path!r} is a directory; allowed: a file path")
+  parent = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(parent):
+    raise OutputError(f"{flag}={path!r}: directory {os.path.dirname(path) or '.'!r} does "
+                      "not exist; allowed: a file in an existing directory")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise OutputError(f"{flag}={path!r}: directory {parent!r} is not writable; allowed: "
+                      "a file in a writable directory")
+
+
+def cmd_run(args) -> int:
   if args.distributed:  # before anything else touches a jax backend
     from jsfl import distributed
     try:
@@ -169,7 +200,8 @@ def cmd_run(args) -> int:
     cfg = config_lib.load_config(args.config, args.overrides)
     if args.quiet:
       cfg["exec"]["progress"] = False
-    from jsfl import runner
+    from jsfl import rundir, runner
+    rundir.check_target(cfg["run"]["out_dir"], cfg["run"]["name"], cfg["run"]["dir"])
     exp = runner.prepare(cfg)
   except config_lib.ConfigError as e:
     return _fail(str(e))
@@ -215,13 +247,17 @@ def cmd_partition(args) -> int:
   from jsfl import partitions
   from jsfl.config import ConfigError
   from jsfl.data import load_dataset
+  if args.out:
+    _check_out_file(args.out, "--out")
+  if args.clients < 1:
+    return _fail(f"--clients={args.clients}; allowed: an int >= 1")
   try:
     opts = _parse_kv(args.options)
     ds = load_dataset(args.dataset, data_dir=args.data_dir)
     parts = partitions.make_partition(args.name, ds.y_train, args.clients,
                                       seed=args.seed, num_classes=ds.num_classes,
                                       client_ids=ds.client_ids, **opts)
-  except (ValueError, TypeError, FileNotFoundError, ConfigError) as e:
+  except (ValueError, TypeError, ConfigError) as e:
     return _fail(str(e))
   counts = partitions.label_counts(parts, ds.y_train, ds.num_classes)
   L = ds.num_classes
@@ -249,6 +285,8 @@ def cmd_report(args) -> int:
   if args.last < 1:
     return _fail(f"--last={args.last}; allowed: an int >= 1")
   by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
+  if args.out:
+    _check_out_dir(args.out, "--out")
   try:
     rep = report.build_report(args.paths, by=by, last=args.last,
                               paired_with=args.paired)
@@ -265,14 +303,13 @@ def cmd_report(args) -> int:
 
 
 def cmd_plot(args) -> int:
-  import os
-
   from jsfl import plots
   if args.last < 1:
     return _fail(f"--last={args.last}; allowed: an int >= 1")
   by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
   out = args.out or (os.path.join(args.paths[0], "plots") if len(args.paths) == 1
                      else "plots")
+  _check_out_dir(out, "--out")
   try:
     pngs, problems = plots.plot_runs(args.paths, out, by=by, last=args.last)
   except plots.MissingDependency as e:
@@ -296,7 +333,39 @@ def cmd_sweep(args) -> int:
     return _fail(str(e))
 
 
+# Faults of the machine rather than of jsfl: one line, like a bad input.
+_ENV_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                         errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+                         errno.ENAMETOOLONG, errno.ELOOP, errno.EMFILE})
+
+
 def main(argv=None) -> int:
+  """The error boundary of every subcommand: a :class:`UserError` or a fault
+  of the machine is one line and exit 2; anything else is a bug, shown with
+  its traceback and said to be one."""
+  try:
+    return _dispatch(argv)
+  except UserError as e:
+    return _fail(str(e))
+  except OSError as e:
+    if e.errno not in _ENV_ERRNOS:
+      raise
+    return _fail(os_error_line(e))
+  except KeyboardInterrupt:  # before a run's own handler is installed
+    print("jsfl: interrupted", file=sys.stderr)
+    return 130
+  except SystemExit:
+    raise
+  except Exception:  # noqa: BLE001 - the boundary: a bug, shown whole and named as one
+    import traceback
+    traceback.print_exc()
+    print(f"jsfl: internal error: this is a bug in jsfl {__version__}, not a problem with "
+          "your input; please report it with the traceback above and the command",
+          file=sys.stderr)
+    return 1
+
+
+def _dispatch(argv=None) -> int:
   parser = _parser()
   # key=value pairs may follow --flags; argparse alone would reject them there.
   args, extra = parser.parse_known_args(argv)

@@ -33,20 +33,23 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import tomllib
 from typing import Any
 
+from jsfl.errors import UserError
 from jsfl.methods.registry import METHODS
+from jsfl.options import INT32_MAX, Option, as_option, check
 
-Field = tuple  # (type, default, help, choices-or-None)
+Field = Option
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config key, type or value that is not allowed (CLI exit code 2)."""
 
 
-def _f(typ, default, help_, choices=None):
-  return (typ, default, help_, choices)
+def _f(typ, default, help_, choices=None, range=None):
+  return Option(typ, default, help_, choices, range)
 
 
 # Sections whose extra keys are forwarded as options (validated by the owner:
@@ -58,13 +61,23 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "name": _f(str, "run", "run name; the run directory is out_dir/name-TIMESTAMP"),
         "out_dir": _f(str, "runs", "parent directory of run directories"),
         "dir": _f(str, "", "exact run directory (overrides out_dir/name)"),
-        "rounds": _f(int, 20, "training rounds R"),
-        "eval_every": _f(int, 1, "evaluate every this many rounds (and after the last)"),
-        "seeds": _f(int, 1, "seeds run together in one compiled program (vmap)"),
-        "seed": _f(int, 0, "first seed; seed s uses seed + s for init, partition, sampling, order"),
+        "rounds": _f(int, 20, "training rounds R", range="[1, 1000000]"),
+        "eval_every": _f(int, 1, "evaluate every this many rounds (and after the last)",
+                         range="[1, 1000000]"),
+        "seeds": _f(int, 1, "seeds run together in one compiled program (vmap)",
+                    range="[1, 65536]"),
+        "seed": _f(int, 0, "first seed; seed s uses seed + s for init, partition, sampling, order",
+                   range=f"[0, {INT32_MAX}]"),
         "checkpoint_every": _f(int, 10, "checkpoint (RUN_DIR/checkpoints, last 2 kept) every "
                                "this many rounds and after the last; 0 = only at the end "
-                               "and on SIGTERM / SIGINT (resume: jsfl run --resume RUN_DIR)"),
+                               "and on SIGTERM / SIGINT (resume: jsfl run --resume RUN_DIR)",
+                               range="[0, 1000000]"),
+        "on_divergence": _f(str, "stop_seed", "a seed whose training loss or parameters "
+                            "become non-finite: stop_seed = its later rounds are not run "
+                            "into the records, the other seeds go on; stop_run = the run "
+                            "ends after that round. Either way summary.json names it "
+                            "and jsfl run exits with status 2",
+                            ("stop_seed", "stop_run")),
     },
     "dataset": {
         "name": _f(str, "fashion_mnist", "dataset",
@@ -75,11 +88,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "partition": {
         "name": _f(str, "iid", "partition family (SPEC 1.1)",
                    ("iid", "dirichlet", "dominant_label", "sharding", "exdir", "natural")),
-        "num_clients": _f(int, 10, "clients K"),
+        "num_clients": _f(int, 10, "clients K", range="[1, 1000000]"),
     },
     "model": {
         "name": _f(str, "small_cnn", "model"),
-        "cut": _f(int, -1, "part-1 / part-2 cut index; -1 = the model's default"),
+        "cut": _f(int, -1, "part-1 / part-2 cut index; -1 = the model's default",
+                 range="[-1, 10000]"),
         "norm": _f(str, "", "normalisation; '' = the model's default", ("", "batch", "group", "none")),
         "conv_impl": _f(str, "auto", "dense conv lowering", ("auto", "xla", "im2col")),
         "depthwise_impl": _f(str, "auto", "depthwise conv lowering", ("auto", "grouped", "shifts")),
@@ -88,16 +102,18 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "name": _f(str, "sfl", "method", tuple(METHODS)),
         "order": _f(str, "random", "server processing order (SPEC 1.2)",
                     ("random", "cyclic", "cyclic_reverse", "fixed")),
-        "clients_per_round": _f(int, 0, "participants n per round; 0 = all K"),
-        "local_epochs": _f(int, 1, "local epochs E per round"),
-        "batch_size": _f(int, 64, "batch size B"),
+        "clients_per_round": _f(int, 0, "participants n per round; 0 = all K",
+                                range="[0, 1000000]"),
+        "local_epochs": _f(int, 1, "local epochs E per round", range="[1, 10000]"),
+        "batch_size": _f(int, 64, "batch size B", range="[1, 1000000]"),
     },
     "optim": {
-        "lr": _f(float, 0.05, "learning rate"),
-        "lr_decay": _f(float, 1.0, "multiplied into lr once per round"),
-        "lr_min": _f(float, 0.0, "floor of the decayed lr"),
-        "momentum": _f(float, 0.0, "SGD momentum"),
-        "weight_decay": _f(float, 0.0, "SGD weight decay (PyTorch semantics)"),
+        "lr": _f(float, 0.05, "learning rate", range="(0, inf)"),
+        "lr_decay": _f(float, 1.0, "multiplied into lr once per round", range="(0, 1]"),
+        "lr_min": _f(float, 0.0, "floor of the decayed lr", range="[0, inf)"),
+        "momentum": _f(float, 0.0, "SGD momentum", range="[0, 1)"),
+        "weight_decay": _f(float, 0.0, "SGD weight decay (PyTorch semantics)",
+                           range="[0, inf)"),
     },
     "exec": {
         "client_exec": _f(str, "vmap", "how the clients' portions run in one program",
@@ -105,33 +121,23 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "seed_exec": _f(str, "auto", "how the seed axis runs in one program; auto = the "
                         "measured default of the backend (runner.default_seed_exec)",
                         ("auto", "vmap", "map")),
-        "server_unroll": _f(int, 1, "unroll factor of the server lax.scan"),
+        "server_unroll": _f(int, 1, "unroll factor of the server lax.scan",
+                            range="[1, 1000000]"),
         "mesh": _f(str, "auto", "device mesh 'seeds=S,clients=C' (jsfl.engine.sharding); "
                    "auto = the devices that divide run.seeds, then the clients per round"),
-        "eval_batch": _f(int, 1000, "test samples per evaluation chunk"),
+        "eval_batch": _f(int, 1000, "test samples per evaluation chunk",
+                         range="[1, 1000000]"),
         "progress": _f(bool, True, "show a progress bar"),
     },
 }
 
 
 def defaults() -> dict[str, dict[str, Any]]:
-  return {s: {k: v[1] for k, v in fields.items()} for s, fields in SCHEMA.items()}
+  return {s: {k: v.default for k, v in fields.items()} for s, fields in SCHEMA.items()}
 
 
-def _type_name(t) -> str:
-  return {int: "an int", float: "a float", str: "a string", bool: "true/false"}[t]
-
-
-def _check_value(where: str, value, field: Field):
-  typ, _, _, choices = field
-  if typ is float and isinstance(value, int) and not isinstance(value, bool):
-    value = float(value)
-  ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
-  if not ok:
-    raise ConfigError(f"{where}={value!r}: wrong type; allowed: {_type_name(typ)}")
-  if choices is not None and value not in choices:
-    raise ConfigError(f"{where}={value!r}; allowed: {', '.join(map(repr, choices))}")
-  return value
+def _check_value(where: str, value, field: Option):
+  return check(where, value, field, ConfigError)
 
 
 def _unknown(where: str, key: str, allowed) -> ConfigError:
@@ -148,11 +154,41 @@ def parse_override(text: str) -> tuple[str, str, Any]:
                       f"e.g. method.order=cyclic")
   lhs, raw = text.split("=", 1)
   section, key = lhs.strip().split(".", 1)
+  if not section.strip() or not key.strip():
+    raise ConfigError(f"override {text!r}: expected section.key=value, "
+                      f"e.g. method.order=cyclic")
   try:
     value = tomllib.loads(f"v = {raw}")["v"]
   except tomllib.TOMLDecodeError:
     value = raw
-  return section, key.strip(), value
+  return section.strip(), key.strip(), value
+
+
+def read_toml(path: str) -> dict:
+  """A TOML file as a dict; anything that is not readable TOML text is a
+  :class:`ConfigError` naming the file."""
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except FileNotFoundError:
+    raise ConfigError(f"config file {path!r} does not exist") from None
+  except IsADirectoryError:
+    raise ConfigError(f"config file {path!r} is a directory; allowed: a TOML "
+                      "file") from None
+  except OSError as e:
+    raise ConfigError(f"config file {path!r} cannot be read: "
+                      f"{e.strerror or e}") from None
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    kind = " (gzip-compressed)" if data[:2] == b"\x1f\x8b" else ""
+    raise ConfigError(f"config file {path!r} is not UTF-8 text{kind}: byte "
+                      f"{data[e.start]:#04x} at offset {e.start}; allowed: a "
+                      "TOML file in UTF-8") from None
+  try:
+    return tomllib.loads(text)
+  except tomllib.TOMLDecodeError as e:
+    raise ConfigError(f"config file {path!r} is not valid TOML: {e}") from None
 
 
 def load_config(path: str | None = None, overrides: list[str] = ()) -> dict:
@@ -168,15 +204,7 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> dict:
   Raises:
     ConfigError: naming the first bad key, type or value.
   """
-  raw: dict = {}
-  if path:
-    try:
-      with open(path, "rb") as f:
-        raw = tomllib.load(f)
-    except FileNotFoundError:
-      raise ConfigError(f"config file {path!r} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-      raise ConfigError(f"config file {path!r} is not valid TOML: {e}") from None
+  raw = read_toml(path) if path else {}
   raw = copy.deepcopy(raw)
   for o in overrides:
     s, k, v = parse_override(o)
@@ -184,6 +212,19 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> dict:
     if not isinstance(raw[s], dict):
       raise ConfigError(f"config section {s!r} must be a table")
     raw[s][k] = v
+  return resolve(raw)
+
+
+def resolve(raw: dict) -> dict:
+  """Defaults filled in and every key, type, value and range checked: the
+  one validation ``jsfl run``, ``jsfl sweep`` and ``jsfl run --resume`` (on the
+  stored ``config.json``) share.
+
+  Raises:
+    ConfigError: naming the first bad key, type or value.
+  """
+  if not isinstance(raw, dict):
+    raise ConfigError(f"a config is a table of sections; got {type(raw).__name__}")
   cfg = defaults()
   for section, values in raw.items():
     if section not in SCHEMA:
@@ -195,7 +236,7 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> dict:
       if key in SCHEMA[section]:
         cfg[section][key] = _check_value(where, value, SCHEMA[section][key])
       elif section in OPEN_SECTIONS:
-        cfg[section][key] = value  # validated by its owner in validate_options
+        cfg[section][key] = _check_open(where, value)  # owner validates the rest
       else:
         raise _unknown(where, key, SCHEMA[section])
   _check_ranges(cfg)
@@ -203,49 +244,47 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> dict:
   return cfg
 
 
+def _check_open(where: str, value):
+  """Owner options (dataset, partition, model) are numbers, strings or bools;
+  non-finite floats and ints beyond int32 are never meaningful there."""
+  if isinstance(value, float) and not math.isfinite(value):
+    raise ConfigError(f"{where}={value!r}; allowed: a finite number")
+  if (isinstance(value, int) and not isinstance(value, bool)
+      and not -INT32_MAX - 1 <= value <= INT32_MAX):
+    raise ConfigError(f"{where}={value!r}; allowed: an int in int32 range")
+  if isinstance(value, (dict, list)):
+    raise ConfigError(f"{where}={value!r}: wrong type; allowed: a number, "
+                      "string or true/false")
+  return value
+
+
+def method_options(name: str) -> dict[str, Option]:
+  """The ``[method]`` keys that only method ``name`` reads, as Options."""
+  from jsfl.methods.base import get_method
+  return {k: as_option(v) for k, v in getattr(get_method(name), "OPTIONS", {}).items()}
+
+
 def _check_method_options(cfg):
   """Method-specific keys of [method] against the method's ``OPTIONS``."""
-  from jsfl.methods.base import get_method
-  options = getattr(get_method(cfg["method"]["name"]), "OPTIONS", {})
+  options = method_options(cfg["method"]["name"])
   for key in extra_options(cfg, "method"):
     if key not in options:
       raise _unknown(f"method.{key}", key, set(SCHEMA["method"]) | set(options))
-    typ, default, *rest = options[key]
-    choices = rest[1] if len(rest) > 1 else None
-    cfg["method"][key] = _check_value(f"method.{key}", cfg["method"][key],
-                                      (typ, default, "", choices))
-  for key, (_typ, default, *_rest) in options.items():
-    cfg["method"].setdefault(key, default)
-
-
-def _positive(cfg, section, key, low=1):
-  v = cfg[section][key]
-  if v < low:
-    raise ConfigError(f"{section}.{key}={v!r}; allowed: an int >= {low}")
+    cfg["method"][key] = _check_value(f"method.{key}", cfg["method"][key], options[key])
+  for key, opt in options.items():
+    cfg["method"].setdefault(key, opt.default)
 
 
 def _check_ranges(cfg):
-  for s, k in (("run", "rounds"), ("run", "eval_every"), ("run", "seeds"),
-               ("partition", "num_clients"), ("method", "local_epochs"),
-               ("method", "batch_size"), ("exec", "server_unroll"),
-               ("exec", "eval_batch")):
-    _positive(cfg, s, k)
-  _positive(cfg, "run", "seed", 0)
-  _positive(cfg, "run", "checkpoint_every", 0)
+  """Checks between keys (each key's own range is in SCHEMA)."""
   n, k = cfg["method"]["clients_per_round"], cfg["partition"]["num_clients"]
   if not 0 <= n <= k:
     raise ConfigError(f"method.clients_per_round={n!r}; allowed: 0 (all) or an "
                       f"int in [1, partition.num_clients={k}]")
-  o = cfg["optim"]
-  if o["lr"] <= 0:
-    raise ConfigError(f"optim.lr={o['lr']!r}; allowed: a float > 0")
-  if not 0 < o["lr_decay"] <= 1:
-    raise ConfigError(f"optim.lr_decay={o['lr_decay']!r}; allowed: a float in (0, 1]")
-  for key in ("lr_min", "momentum", "weight_decay"):
-    if o[key] < 0:
-      raise ConfigError(f"optim.{key}={o[key]!r}; allowed: a float >= 0")
-  if o["momentum"] >= 1:
-    raise ConfigError(f"optim.momentum={o['momentum']!r}; allowed: a float in [0, 1)")
+  seed, seeds = cfg["run"]["seed"], cfg["run"]["seeds"]
+  if seed + seeds - 1 > INT32_MAX:
+    raise ConfigError(f"run.seed={seed!r} with run.seeds={seeds}; allowed: run.seed + "
+                      f"run.seeds - 1 <= {INT32_MAX}")
 
 
 def extra_options(cfg: dict, section: str) -> dict:
@@ -260,9 +299,8 @@ def markdown_reference() -> str:
   for section, fields in SCHEMA.items():
     lines += [f"## [{section}]", "", "| key | type | default | allowed | meaning |",
               "| --- | --- | --- | --- | --- |"]
-    for k, (t, d, h, ch) in fields.items():
-      allowed = ", ".join(f"`{c!r}`" for c in ch) if ch else ""
-      lines.append(f"| `{k}` | {t.__name__} | `{d!r}` | {allowed} | {h} |")
+    for k, opt in fields.items():
+      lines.append(_reference_row(k, opt))
     if section in OPEN_SECTIONS:
       lines += ["", (f"Other keys in `[{section}]` are passed as options to the "
                      f"chosen {section} and validated by it.")]
@@ -272,22 +310,29 @@ def markdown_reference() -> str:
 
 def _method_options_reference() -> list[str]:
   """One table per method with its own ``[method]`` keys (module ``OPTIONS``)."""
-  from jsfl.methods.base import get_method
   lines = ["## Method options", "",
            ("Keys under `[method]` that only one method reads (its module's "
            "`OPTIONS`), checked when `method.name` selects it."), ""]
   for name in METHODS:
-    options = getattr(get_method(name), "OPTIONS", {})
+    options = method_options(name)
     if not options:
       continue
     lines += [f"### `method.name = \"{name}\"`", "",
               "| key | type | default | allowed | meaning |",
               "| --- | --- | --- | --- | --- |"]
-    for k, (t, d, h, *rest) in options.items():
-      allowed = ", ".join(f"`{c!r}`" for c in rest[0]) if rest and rest[0] else ""
-      lines.append(f"| `{k}` | {t.__name__} | `{d!r}` | {allowed} | {h} |")
+    lines += [_reference_row(k, opt) for k, opt in options.items()]
     lines.append("")
   return lines
+
+
+def _reference_row(key: str, opt: Option) -> str:
+  if opt.choices:
+    ok = ", ".join(f"`{c!r}`" for c in opt.choices)
+  elif opt.type in (int, float) and opt.range:
+    ok = f"`{opt.range}`"
+  else:
+    ok = ""
+  return f"| `{key}` | {opt.type.__name__} | `{opt.default!r}` | {ok} | {opt.help} |"
 
 
 if __name__ == "__main__":

@@ -747,10 +747,20 @@ def write_report(rep: Report, out_dir: str) -> list[str]:
   """Writes ``report.md``, ``report.csv`` and ``report_seeds.csv``; returns their paths."""
   os.makedirs(out_dir, exist_ok=True)
   paths = [os.path.join(out_dir, n) for n in ("report.md", "report.csv", "report_seeds.csv")]
-  with open(paths[0], "w") as f:
-    f.write(to_markdown(rep))
-  write_csv(rep, paths[1])
-  write_seed_csv(rep, paths[2])
+
+  def markdown(path):
+    with open(path, "w") as f:
+      f.write(to_markdown(rep))
+  # Each file is written beside itself and renamed: a reader never sees half a table.
+  for path, write in zip(paths, (markdown, lambda p: write_csv(rep, p),
+                                 lambda p: write_seed_csv(rep, p))):
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+      write(tmp)
+      os.replace(tmp, path)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
   return paths
 
 

@@ -8,6 +8,7 @@
     metrics.jsonl   one line per evaluated round and seed (appended, flushed)
     summary.json    Hydra summary over seeds (rewritten atomically)
     checkpoints/    the last 2 checkpoints, <round>/ (jsfl.checkpoint; orbax)
+    .lock           while a process writes the run (RunLock), its pid
 
 Every write that replaces a file goes through a temporary file and
 ``os.replace`` so a killed run never leaves a half-written JSON file.
@@ -15,12 +16,16 @@ Every write that replaces a file goes through a temporary file and
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import shutil
 import time
 
 import numpy as np
+
+from jsfl.errors import RunDirError, os_error_line
 
 
 def _clean(obj):
@@ -50,20 +55,171 @@ def write_json_atomic(path: str, obj) -> None:
   os.replace(tmp, path)
 
 
-def new_run_dir(out_dir: str, name: str, exact: str = "") -> str:
-  """Creates and returns a fresh run directory (never reuses a full one)."""
+def check_target(out_dir: str, name: str, exact: str = "") -> None:
+  """Raises :class:`RunDirError` if a new run could not be created where the
+  config says (checked before any data is loaded; :func:`new_run_dir`
+  checks again when it creates the directory)."""
   if exact:
-    if os.path.isdir(exact) and os.listdir(exact):
-      raise FileExistsError(f"run.dir={exact!r} exists and is not empty")
-    os.makedirs(exact, exist_ok=True)
-    return exact
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  base = os.path.join(out_dir, f"{name}-{stamp}")
-  path, i = base, 1
-  while os.path.exists(path):
-    path, i = f"{base}-{i}", i + 1
-  os.makedirs(path)
-  return path
+    if os.path.isdir(exact):
+      if _listing(exact):
+        raise RunDirError(f"run.dir={exact!r} exists and is not empty; allowed: a new or "
+                          "empty directory (continue a run with jsfl run --resume DIR)")
+    elif os.path.lexists(exact):
+      raise RunDirError(f"run.dir={exact!r} exists and is not a directory; allowed: a "
+                        "new or empty directory")
+    _check_parent(exact, "run.dir")
+    return
+  if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+    raise RunDirError(f"run.out_dir={out_dir!r} exists and is not a directory; allowed: "
+                      "a directory (created if missing)")
+  _check_parent(os.path.join(out_dir, name or "run"), "run.out_dir")
+
+
+def _check_parent(path: str, key: str) -> None:
+  """The nearest existing ancestor of ``path`` must be a writable directory."""
+  parent = os.path.dirname(os.path.abspath(path))
+  while not os.path.lexists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise RunDirError(f"{key}={path!r}: {parent!r} is not a directory; allowed: a path "
+                      "under a directory")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise RunDirError(f"{key}={path!r}: {parent!r} is not writable; allowed: a path "
+                      "under a writable directory")
+
+
+def _listing(path: str) -> list[str]:
+  return [f for f in os.listdir(path) if f != RunLock.NAME]
+
+
+def _makedirs(path: str, created: list[str]) -> None:
+  """``os.makedirs`` that appends every directory it made to ``created``
+  (outermost first), so a failed start can remove exactly those."""
+  missing = []
+  p = os.path.abspath(path)
+  while not os.path.lexists(p):
+    missing.append(p)
+    p = os.path.dirname(p)
+  for d in reversed(missing):
+    try:
+      os.mkdir(d)
+    except FileExistsError:
+      continue  # made by a concurrent process: not ours to remove
+    created.append(d)
+
+
+def new_run_dir(out_dir: str, name: str, exact: str = "",
+                created: list[str] | None = None) -> str:
+  """Creates and returns a fresh run directory (never reuses a full one).
+
+  Args:
+    out_dir, name: the directory is ``out_dir/name-YYYYmmdd-HHMMSS[-i]``.
+    exact: this directory instead (``run.dir``); it may exist if empty.
+    created: if given, every directory made here is appended to it.
+
+  Raises:
+    RunDirError: the directory exists and is not empty, or a path component
+      is not a directory, or it cannot be created.
+  """
+  created = [] if created is None else created
+  check_target(out_dir, name, exact)
+  try:
+    if exact:
+      _makedirs(exact, created)
+      return exact
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = os.path.join(out_dir, f"{name}-{stamp}")
+    _makedirs(out_dir, created)
+    path, i = base, 1
+    while True:
+      try:
+        os.mkdir(path)  # atomic: two runs started in one second get two directories
+        break
+      except FileExistsError:
+        path, i = f"{base}-{i}", i + 1
+    created.append(os.path.abspath(path))
+    return path
+  except OSError as e:
+    raise RunDirError(os_error_line(e, "cannot create the run directory")) from None
+
+
+def remove_new(run_dir: str, created: list[str]) -> None:
+  """Removes a run directory that a failed start left with nothing of value,
+  and the parents made for it (only those ``created`` lists, only if empty)."""
+  if os.path.abspath(run_dir) in created:
+    shutil.rmtree(run_dir, ignore_errors=True)
+  else:  # an empty run.dir the user made: leave it empty, as it was
+    for f in _listing(run_dir):
+      p = os.path.join(run_dir, f)
+      if os.path.isdir(p):
+        shutil.rmtree(p, ignore_errors=True)
+      else:
+        os.remove(p)
+  for d in reversed(created):
+    try:
+      os.rmdir(d)
+    except OSError:
+      pass
+
+
+class RunLock:
+  """One writer per run directory: an exclusive ``flock`` on ``RUN_DIR/.lock``.
+
+  The lock is the kernel's, so a killed holder (even by SIGKILL) frees it at
+  once; the file holds the holder's pid for the refusal message and is
+  removed on release.  A second ``jsfl run`` into the same ``run.dir`` or a
+  second ``jsfl run --resume`` of the same run is refused, not interleaved.
+  """
+
+  NAME = ".lock"
+
+  def __init__(self, run_dir: str):
+    self.path = os.path.join(run_dir, self.NAME)
+    self.run_dir = run_dir
+    self._fd = None
+
+  def acquire(self) -> RunLock:
+    while True:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        os.close(fd)
+        raise RunDirError(
+            f"run directory {self.run_dir!r} is in use by process {self.holder()} "
+            "(a jsfl run or --resume); allowed: one writer at a time: wait for it "
+            "to end or stop it") from None
+      # The previous holder may have removed the file between our open and
+      # our flock: then we hold a lock on an orphan, so try again.
+      try:
+        same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+      except FileNotFoundError:
+        same = False
+      if same:
+        break
+      os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    self._fd = fd
+    return self
+
+  def holder(self) -> str:
+    try:
+      with open(self.path) as f:
+        pid = f.read().strip()
+    except OSError:
+      pid = ""
+    return pid or "(unknown pid)"
+
+  def release(self) -> None:
+    if self._fd is None:
+      return
+    try:
+      os.unlink(self.path)
+    except FileNotFoundError:
+      pass
+    os.close(self._fd)  # closing drops the flock
+    self._fd = None
 
 
 class MetricsWriter:

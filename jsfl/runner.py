@@ -26,6 +26,7 @@ from jsfl import __version__, checkpoint, distributed, metrics, rundir
 from jsfl import config as config_lib
 from jsfl.data import load_dataset
 from jsfl.engine import sharding
+from jsfl.errors import Diverged, RunDirError
 from jsfl.evaluate import chunk_test_set, evaluate, evaluate_logits
 from jsfl.methods.base import Setup, get_method
 from jsfl.models import get_model, layers
@@ -35,7 +36,7 @@ SHARED_KEYS = ("x", "y", "mean", "std")
 SEED_KEYS = ("table", "sizes", "dominant", "counts")
 # Metrics every round returns; any other key a method returns is a logged
 # decision (e.g. Hydra's groups, SFedKD's teachers) written per record as is.
-BASE_METRICS = ("loss", "samples", "clients", "bytes_up", "bytes_down")
+BASE_METRICS = ("loss", "samples", "clients", "bytes_up", "bytes_down", "finite")
 
 
 @dataclasses.dataclass
@@ -81,7 +82,7 @@ def prepare(cfg: dict) -> Experiment:
     model = get_model(m_cfg["name"], dataset.input_shape, dataset.num_classes,
                       **model_opts)
   except TypeError as e:
-    raise _options_error("model", e) from None
+    raise config_lib.ConfigError(_model_options_error(m_cfg["name"], model_opts, e)) from None
   except ValueError as e:
     raise _options_error("model", e) from None
   cut = model.default_cut if m_cfg["cut"] == -1 else m_cfg["cut"]
@@ -137,6 +138,26 @@ def prepare(cfg: dict) -> Experiment:
           "counts": jnp.asarray(np.stack([p["label_counts"] for p in parts_per_seed])
                                 .astype(np.int32))}
   return Experiment(cfg, setup, method, dataset, seeds, parts_per_seed, data)
+
+
+def _model_options_error(name: str, given: dict, err: Exception) -> str:
+  """A model option the factory does not take, with the ones it does."""
+  import inspect
+
+  from jsfl.models.base import _REGISTRY as MODELS
+  try:
+    params = inspect.signature(MODELS[name]).parameters
+  except (KeyError, TypeError, ValueError):
+    return f"[model] {err}"
+  fixed = {"input_shape", "num_classes"}
+  known = sorted(k for k, p in params.items() if k not in fixed
+                 and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+  bad = [k for k in given if k not in params]
+  if not bad or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    return f"[model] {err}"
+  return (f"unknown config key 'model.{bad[0]}' for model {name!r}; allowed: "
+          + ", ".join(sorted(set(known) | {"name", "cut", "norm", "conv_impl",
+                                            "depthwise_impl"})))
 
 
 def seed_program(fn, how: str, seed_args: int, spmd_axis_name: str | None = None):
@@ -196,7 +217,8 @@ def build_programs(exp: Experiment, mesh=None):
     how = "vmap"  # a rolled loop over a sharded axis would gather it
 
   def round_one(state, seed_data, key, shared):
-    return method.round(setup, state, {**shared, **seed_data}, key)
+    state, m = method.round(setup, state, {**shared, **seed_data}, key)
+    return state, {**m, "finite": all_finite(state, m["loss"])}
 
   def eval_one(state, test, mean, std):
     if hasattr(method, "predict"):  # outputs that are not one staged model
@@ -226,6 +248,14 @@ def build_programs(exp: Experiment, mesh=None):
         return fn(*args)
     return call
   return tuple(map(traced_under_mesh, (init, rnd, ev)))
+
+
+def all_finite(*trees) -> jax.Array:
+  """Whether every float in ``trees`` is finite: one reduction per round that
+  lets the runner stop a diverged seed instead of logging NaN as a result."""
+  leaves = [x for x in jax.tree.leaves(trees)
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
 def run_mesh(exp: Experiment):
@@ -323,32 +353,68 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) 
   ``run.checkpoint_every`` rounds and after the last.  SIGTERM and SIGINT
   (main thread only) end the run after the current round with a checkpoint
   and a line naming the resume command on stderr; the previous handlers are
-  restored on the way out.
+  restored on the way out.  The run directory is locked (:class:`RunLock`)
+  while the run writes it; a new run that fails before its first record or
+  checkpoint leaves nothing behind.
 
   Args:
     cfg: the resolved config.
     exp: ``prepare(cfg)``, if already built.
     resume: an existing run directory of ``cfg`` to continue from its newest
-      checkpoint (round 0 without one) instead of a new one; use
-      :func:`resume`, which also reads the config.
+      checkpoint that restores (round 0 without one) instead of a new one;
+      use :func:`resume`, which also reads and re-validates the config.
 
   Returns:
     The run directory.
 
   Raises:
     Stopped: after a SIGTERM / SIGINT (a ``SystemExit`` of 128 + signum).
+    Diverged: a seed's loss or parameters became non-finite
+      (``run.on_divergence``); the run directory is kept and its summary
+      names the seeds.
+    RunDirError, CheckpointError: the directory is taken or locked; no
+      checkpoint restores or matches; a checkpoint could not be written.
   """
   exp = exp or prepare(cfg)
-  setup, method = exp.setup, exp.method
   # Multi-host: process 0 alone writes files; the others learn its directory
   # (checkpoints are written by all of them into it).
   writes = distributed.is_writer()
-  out = resume or (rundir.new_run_dir(
-      cfg["run"]["out_dir"], cfg["run"]["name"], cfg["run"]["dir"]) if writes else None)
+  created: list[str] = []
+  out = resume or (rundir.new_run_dir(cfg["run"]["out_dir"], cfg["run"]["name"],
+                                      cfg["run"]["dir"], created) if writes else None)
   out = distributed.broadcast_path(out)
+  lock = rundir.RunLock(out)
+  try:
+    if writes:
+      lock.acquire()
+      if not resume and rundir._listing(out):  # another run wrote it since we checked
+        raise RunDirError(f"run.dir={out!r} was written by another process meanwhile; "
+                          "allowed: a new or empty directory")
+    try:
+      _train(cfg, exp, out, resume, writes)
+    except BaseException as e:
+      if (writes and not resume and not isinstance(e, (Stopped, Diverged))
+          and _holds_nothing(out)):
+        rundir.remove_new(out, created)
+      raise
+  finally:
+    lock.release()
+  return out
+
+
+def _holds_nothing(out: str) -> bool:
+  """No record and no checkpoint yet: a failed start has nothing worth keeping."""
+  ck = os.path.join(out, "checkpoints")
+  has_ckpt = os.path.isdir(ck) and any(n.isdigit() for n in os.listdir(ck))
+  metrics_path = os.path.join(out, "metrics.jsonl")
+  has_records = os.path.exists(metrics_path) and os.path.getsize(metrics_path) > 0
+  return not (has_ckpt or has_records)
+
+
+def _train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool) -> None:
+  """The loop of :func:`run` over rounds, in ``out`` (already locked)."""
   mesh = run_mesh(exp)
   seeds = exp.seeds
-  cyclic = setup.order in ("cyclic", "cyclic_reverse")
   if not resume and writes:  # a resumed run keeps the files of its start
     _write_run_files(cfg, exp, out, mesh)
 
@@ -363,15 +429,18 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) 
   ckpt_every = cfg["run"]["checkpoint_every"]
   ckpt = checkpoint.Checkpointer(os.path.join(out, "checkpoints"))
   start, cum_up, cum_down, records, last_acc = 0, 0, 0, [], None
+  diverged: dict[int, int] = {}  # seed -> round its training stopped at
   if resume:
     try:
-      got = ckpt.restore(state, seeds)  # init's state is the template
+      got = ckpt.restore(state, seeds, warn=_warn if writes else None)
     except BaseException:
       ckpt.close()
       raise
     if got is not None:
       start, state, cum_up, cum_down = got
-    records = (_resume_records(cfg, out, start) if writes
+      diverged = {int(k): int(v) for k, v in
+                  (ckpt.restored_host.get("diverged") or {}).items()}
+    records = (_resume_records(cfg, out, start, diverged) if writes
                else rundir.read_metrics_upto(f"{out}/metrics.jsonl", start))
   history = [[np.asarray([np.nan if v is None else v for v in rec["per_label_accuracy"]],
                          np.float32)  # what evaluate returns
@@ -382,53 +451,44 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) 
   try:
     for r in range(start, R):
       t0 = time.perf_counter()
-      keys = round_keys(seed_keys, r)
-      state, m = rnd(state, seed_data, keys, shared)
+      state, m = rnd(state, seed_data, round_keys(seed_keys, r), shared)
       m = jax.device_get(m)
       wall = time.perf_counter() - t0
-      if "bytes_up" in m:  # the round's own count (e.g. MultiSFL's replay)
-        ups, downs = (tuple(map(float, m["bytes_up"])),
-                      tuple(map(float, m["bytes_down"])))
-      else:
-        ups, downs = zip(*(method.communication(setup, int(s)) for s in m["samples"]))
+      ups, downs = _round_bytes(exp, m)
       cum_up += np.asarray(ups)
       cum_down += np.asarray(downs)
-      sps = float(np.sum(m["samples"])) / wall
+      newly = [s for s, ok in zip(seeds, np.asarray(m["finite"])) if not ok
+               and s not in diverged]
+      diverged.update({s: r + 1 for s in newly})
+      if newly and bar.enabled:
+        _warn(f"seed{'s' * (len(newly) > 1)} {', '.join(map(str, newly))} diverged at "
+              f"round {r + 1} (non-finite loss or parameters); "
+              + ("stopping the run" if cfg["run"]["on_divergence"] == "stop_run"
+                 else "its later rounds are not recorded"))
       acc = None
-      if (r + 1) % every == 0 or r + 1 == R:
+      stopping = bool(diverged) and (cfg["run"]["on_divergence"] == "stop_run"
+                                     or len(diverged) == len(seeds))
+      if (r + 1) % every == 0 or r + 1 == R or stopping:
         e = jax.device_get(ev(state, test, shared["mean"], shared["std"]))
         for i, s in enumerate(seeds):
-          pla = np.asarray(e["per_label_accuracy"][i])
-          present = np.asarray(e["present"][i])
-          history[i].append(pla)
-          rec = {
-              "round": r + 1, "seed": s, "method": cfg["method"]["name"],
-              "accuracy": float(e["accuracy"][i]), "loss": float(e["loss"][i]),
-              "per_label_accuracy": pla,
-              "pg": float(metrics.performance_gap(pla, present)),
-              "bw": metrics.backward_transfer(np.stack(history[i]), present),
-              "train_loss": float(m["loss"][i]),
-              "bytes_up": ups[i], "bytes_down": downs[i],
-              "bytes_up_total": cum_up[i], "bytes_down_total": cum_down[i],
-              "samples": int(m["samples"][i]), "wall_s": wall,
-              "lr": float(max(setup.lr * setup.lr_decay ** r, setup.lr_min)),
-              "clients": m["clients"][i],
-          }
-          rec.update({k: v[i] for k, v in m.items() if k not in BASE_METRICS})
-          if cyclic and hasattr(state, "label_rank"):
-            label_order = np.argsort(np.asarray(state.label_rank[i]))
-            rec["label_order"] = label_order
-            rec["per_position_accuracy"] = metrics.per_position_accuracy(pla, label_order)
+          if s in diverged:
+            continue
+          rec = round_record(cfg, exp, state, m, e, i, r, history[i], wall,
+                             (ups[i], downs[i], cum_up[i], cum_down[i]))
           writer.write(rec)
           records.append(rec)
-        acc = float(np.median(e["accuracy"]))
+        live = [i for i, s in enumerate(seeds) if s not in diverged]
+        acc = float(np.median(e["accuracy"][live])) if live else None
         if writes:
-          rundir.write_json_atomic(f"{out}/summary.json", _summary(cfg, records))
+          rundir.write_json_atomic(f"{out}/summary.json", _summary(cfg, records, diverged))
         last_acc = e["accuracy"]
-      bar.update(r + 1, acc, sps, final=r + 1 == R)
+      bar.update(r + 1, acc, float(np.sum(m["samples"])) / wall, final=r + 1 == R)
       stop.agree()  # every host stops after the same round
+      if stopping:
+        raise _diverged(cfg, out, diverged, r + 1, R)  # no checkpoint of a broken state
       if r + 1 == R or stop.signum or (ckpt_every and (r + 1) % ckpt_every == 0):
-        ckpt.save(r + 1, state, seeds, cum_up, cum_down)
+        ckpt.save(r + 1, state, seeds, cum_up, cum_down,
+                  extra={"diverged": {str(k): v for k, v in diverged.items()}})
       if stop.signum and r + 1 < R:
         if bar.enabled and bar.tty:
           sys.stderr.write("\n")  # end the progress line
@@ -444,7 +504,61 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) 
     print(f"jsfl: process {jax.process_index()}/{jax.process_count()} finished: "
           f"accuracy {np.round(np.asarray(last_acc, np.float64), 4).tolist()}",
           file=sys.stderr, flush=True)
-  return out
+  if diverged:
+    raise _diverged(cfg, out, diverged, R, R)
+
+
+def _warn(msg: str) -> None:
+  print(f"jsfl: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _round_bytes(exp: Experiment, m: dict):
+  """Per seed (bytes up, bytes down) of the round."""
+  if "bytes_up" in m:  # the round's own count (e.g. MultiSFL's replay)
+    return tuple(map(float, m["bytes_up"])), tuple(map(float, m["bytes_down"]))
+  return tuple(zip(*(exp.method.communication(exp.setup, int(s)) for s in m["samples"])))
+
+
+def round_record(cfg, exp, state, m, e, i, r, history, wall, traffic) -> dict:
+  """Seed ``i``'s ``metrics.jsonl`` record of round ``r`` (0-based): the
+  evaluation ``e``, the round's metrics ``m``, and the metrics built from
+  the seed's per-label ``history`` (appended to here)."""
+  setup, s = exp.setup, exp.seeds[i]
+  pla = np.asarray(e["per_label_accuracy"][i])
+  present = np.asarray(e["present"][i])
+  history.append(pla)
+  up, down, cum_up, cum_down = traffic
+  rec = {
+      "round": r + 1, "seed": s, "method": cfg["method"]["name"],
+      "accuracy": float(e["accuracy"][i]), "loss": float(e["loss"][i]),
+      "per_label_accuracy": pla,
+      "pg": float(metrics.performance_gap(pla, present)),
+      "bw": metrics.backward_transfer(np.stack(history), present),
+      "train_loss": float(m["loss"][i]),
+      "bytes_up": up, "bytes_down": down,
+      "bytes_up_total": cum_up, "bytes_down_total": cum_down,
+      "samples": int(m["samples"][i]), "wall_s": wall,
+      "lr": float(max(setup.lr * setup.lr_decay ** r, setup.lr_min)),
+      "clients": m["clients"][i],
+  }
+  rec.update({k: v[i] for k, v in m.items() if k not in BASE_METRICS})
+  if setup.order in ("cyclic", "cyclic_reverse") and hasattr(state, "label_rank"):
+    label_order = np.argsort(np.asarray(state.label_rank[i]))
+    rec["label_order"] = label_order
+    rec["per_position_accuracy"] = metrics.per_position_accuracy(pla, label_order)
+  return rec
+
+
+def _diverged(cfg: dict, out: str, diverged: dict[int, int], at: int, R: int) -> Diverged:
+  which = ", ".join(f"seed {s} at round {r}" for s, r in sorted(diverged.items()))
+  o = cfg["optim"]
+  ended = (f"the run stopped after round {at}" if at < R
+           else f"the other seeds ran to round {R}")
+  return Diverged(
+      f"training diverged: {which} (non-finite loss or parameters; optim.lr={o['lr']!r}"
+      f"{', momentum=' + repr(o['momentum']) if o['momentum'] else ''}); {ended}; those "
+      f"seeds are marked in {out}/summary.json; allowed: a smaller optim.lr or a "
+      "stabler method option", diverged, out)
 
 
 class Stopped(SystemExit):
@@ -497,12 +611,12 @@ class _StopSignals:
     self._previous = {}
 
 
-def _resume_records(cfg: dict, out: str, done: int) -> list[dict]:
+def _resume_records(cfg: dict, out: str, done: int, diverged: dict) -> list[dict]:
   """The records of rounds <= ``done`` (metrics.jsonl truncated to them), with
   summary.json made to match."""
   records = rundir.truncate_metrics(f"{out}/metrics.jsonl", done)
   if records:
-    rundir.write_json_atomic(f"{out}/summary.json", _summary(cfg, records))
+    rundir.write_json_atomic(f"{out}/summary.json", _summary(cfg, records, diverged))
   elif os.path.exists(f"{out}/summary.json"):
     os.remove(f"{out}/summary.json")
   return records
@@ -532,18 +646,22 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
     Stopped: as :func:`run`.
   """
   path = os.path.join(run_dir, "config.json")
+  if not os.path.isdir(run_dir):
+    raise config_lib.ConfigError(f"--resume {run_dir!r}: no such directory; allowed: a "
+                                 "run directory jsfl run wrote")
   try:
     with open(path) as f:
       stored = json.load(f)["config"]
-    if not all(isinstance(v, dict) for v in stored.values()):
+    if not isinstance(stored, dict) or not all(isinstance(v, dict) for v in stored.values()):
       raise TypeError
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
     raise config_lib.ConfigError(
         f"{run_dir!r} is not a run directory: expected {path} with a 'config' "
         "key, as jsfl run writes") from None
-  cfg = config_lib.defaults()  # keys added to the schema since the run started
-  for section, values in stored.items():
-    cfg.setdefault(section, {}).update(values)
+  try:  # the stored config is checked as a new one would be (it may have been edited)
+    cfg = config_lib.resolve(stored)
+  except config_lib.ConfigError as e:
+    raise config_lib.ConfigError(f"{path}: {e}") from None
   if progress is not None:
     cfg["exec"]["progress"] = progress
   R = cfg["run"]["rounds"]
@@ -574,7 +692,15 @@ def _finished_without_checkpoints(run_dir: str, cfg: dict) -> bool:
   return seeds <= last
 
 
-def _summary(cfg, records) -> dict:
-  return {"method": cfg["method"]["name"], "rounds_evaluated": max(r["round"] for r in records),
+EMPTY_FIGURE = {"median": None, "std": None, "per_seed": [], "seeds": []}
+
+
+def _summary(cfg, records, diverged=None) -> dict:
+  """summary.json: its documented shape whatever happened (a metric without
+  values, e.g. BW after one evaluation, is an empty figure, not null)."""
+  figures = metrics.summarize(records)
+  return {"method": cfg["method"]["name"],
+          "rounds_evaluated": max((r["round"] for r in records), default=0),
           "seeds": sorted({r["seed"] for r in records}),
-          **metrics.summarize(records)}
+          **{k: v if v is not None else dict(EMPTY_FIGURE) for k, v in figures.items()},
+          "diverged": [{"seed": s, "round": r} for s, r in sorted((diverged or {}).items())]}

@@ -59,11 +59,11 @@ import os
 import shutil
 import sys
 import time
-import tomllib
 from typing import Any
 
 from jsfl import config as config_lib
 from jsfl import rundir
+from jsfl.errors import Diverged, RunDirError, UserError
 
 SWEEP_KEYS = {"name": "the sweep's name (directory under out_dir)",
               "base": "base config TOML, relative to the sweep file",
@@ -230,12 +230,9 @@ def load_sweep(path: str) -> Sweep:
     SweepError: naming the file and the first bad table, key or value.
   """
   try:
-    with open(path, "rb") as f:
-      raw = tomllib.load(f)
-  except FileNotFoundError:
-    raise SweepError(f"sweep file {path!r} does not exist") from None
-  except tomllib.TOMLDecodeError as e:
-    raise SweepError(f"sweep file {path!r} is not valid TOML: {e}") from None
+    raw = config_lib.read_toml(path)
+  except config_lib.ConfigError as e:
+    raise SweepError(str(e).replace("config file", "sweep file", 1)) from None
   for t in raw:
     if t not in TABLES:
       raise SweepError(f"sweep {path}: unknown table [{t}]; allowed: "
@@ -542,10 +539,13 @@ def _train(unit: Unit, log) -> None:
       try:
         resume(d, **kwargs)
         resumed = True
+      except (RunDirError, Diverged):  # another process writes it / a real result
+        raise
       except Exception as e:  # noqa: BLE001 - a broken checkpoint costs a rerun, not the sweep
         log(f"  resume failed ({type(e).__name__}: {e}); rerunning from scratch")
     if not resumed:
       if os.path.exists(d):
+        rundir.RunLock(d).acquire().release()  # never delete a run another process writes
         shutil.rmtree(d)  # a partial run we cannot continue
       runner.run(unit.cfg)
     if not finished_run(d, rounds):
@@ -577,7 +577,7 @@ def validate_units(sweep: Sweep, units: list[Unit]) -> None:
   for u in units:
     try:
       runner.prepare(u.cfg)
-    except config_lib.ConfigError as e:
+    except UserError as e:
       names = ", ".join(c.name for c in u.cells)
       raise SweepError(f"sweep {sweep.path}, cell {names}: {e}") from None
 
@@ -593,6 +593,10 @@ def run_units(sweep: Sweep, units: list[Unit], log) -> list[str]:
       rundir.write_json_atomic(u.dir + ".json", {"cells": [c.name for c in u.cells]})
     try:
       _train(u, log)
+    except UserError as e:  # a diverged cell, a locked directory: one line
+      log(f"  FAILED {names}: {' '.join(str(e).split())}")
+      failed += [c.name for c in u.cells]
+      continue
     except Exception as e:  # noqa: BLE001 - one failing cell must not stop the others
       import traceback
       traceback.print_exc()

@@ -1,0 +1,93 @@
+"""Typed options with declared ranges: one check for every config value.
+
+A config key and a method option are both an :class:`Option`: its type,
+default, help text, and what is allowed, as ``choices`` or as an interval
+``range`` written the way it reads in an error message and in
+``docs/config.md`` (``"(0, 1]"``, ``"[0, inf)"``).  :func:`check` is the one
+place a value is accepted or rejected: wrong type, a non-finite float (TOML
+spells ``nan`` and ``inf``), a value outside the interval or the choices, an
+int too large for the arrays it ends up in.
+
+Importable without JAX.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+INT32_MAX = 2**31 - 1
+
+
+class Option(NamedTuple):
+  """One option: ``type``, ``default``, ``help``, and what is allowed.
+
+  ``choices``: the allowed values (strings), or None.  ``range``: an
+  interval such as ``"[0, 1)"`` or ``"(0, inf)"`` for ints and floats, or
+  None for any finite value (ints are always within int32).
+  """
+
+  type: type
+  default: Any
+  help: str
+  choices: tuple | None = None
+  range: str | None = None
+
+
+def _bounds(spec: str):
+  """``"[a, b)"`` -> (a, b, a_closed, b_closed) with floats (inf allowed)."""
+  spec = spec.strip()
+  lo_c, hi_c = spec[0] == "[", spec[-1] == "]"
+  if spec[0] not in "[(" or spec[-1] not in "])":
+    raise ValueError(f"bad range {spec!r}")
+  lo, hi = (float(s) for s in spec[1:-1].split(","))
+  return lo, hi, lo_c, hi_c
+
+
+def in_range(value, spec: str) -> bool:
+  lo, hi, lo_c, hi_c = _bounds(spec)
+  above = value >= lo if lo_c else value > lo
+  below = value <= hi if hi_c else value < hi
+  return bool(above and below)
+
+
+def type_name(t) -> str:
+  return {int: "an int", float: "a float", str: "a string", bool: "true/false"}[t]
+
+
+def allowed(opt: Option) -> str:
+  """What is allowed, as the error messages and the docs say it."""
+  if opt.choices is not None:
+    return ", ".join(map(repr, opt.choices))
+  if opt.type in (int, float):
+    spec = opt.range or ("[-2147483648, 2147483647]" if opt.type is int else None)
+    if spec is None:
+      return "a finite float"
+    return f"{type_name(opt.type)} in {spec}"
+  return type_name(opt.type)
+
+
+def check(where: str, value, opt: Option, error=ValueError):
+  """``value`` if ``opt`` allows it (ints widened to floats where a float is
+  asked for), else raises ``error`` with one line naming ``where``."""
+  typ = opt.type
+  if typ is float and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+    raise error(f"{where}={value!r}: wrong type; allowed: {type_name(typ)}")
+  if opt.choices is not None and value not in opt.choices:
+    raise error(f"{where}={value!r}; allowed: {allowed(opt)}")
+  if typ is float and not math.isfinite(value):
+    raise error(f"{where}={value!r}; allowed: {allowed(opt)}")
+  if typ is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
+    raise error(f"{where}={value!r}; allowed: {allowed(opt)}"
+                + ("" if opt.range else " (int32)"))
+  if typ in (int, float) and opt.range is not None and not in_range(value, opt.range):
+    raise error(f"{where}={value!r}; allowed: {allowed(opt)}")
+  return value
+
+
+def as_option(spec) -> Option:
+  """An :class:`Option` from a legacy ``(type, default, help[, choices])``
+  tuple (third-party methods may still declare those)."""
+  return spec if isinstance(spec, Option) else Option(*spec)
