@@ -4,7 +4,8 @@ Exit codes: 0 success; 2 a bad config, argument, file or directory, a fault
 of the machine (disk full, no permission) or a diverged run: one line on
 stderr naming the value or file and what is allowed, and nothing new left on
 disk (a diverged run keeps its directory, whose summary names the seeds);
-1 a bug in jsfl (its traceback, marked as such) or a sweep cell that failed;
+1 a bug in jsfl (marked as such, its traceback after) or a sweep cell that
+failed;
 130 / 143 a run stopped by SIGINT / SIGTERM after a checkpoint.
 """
 
@@ -292,9 +293,10 @@ def cmd_report(args) -> int:
                               paired_with=args.paired)
   except ValueError as e:
     return _fail(str(e))
+  if not rep.rows:  # the one line says it all; the per-path notes would repeat it
+    return _fail(f"no run with a usable metrics.jsonl in {' '.join(args.paths)}; allowed: "
+                 "run directories, or directories holding them")
   _warn(rep.problems)
-  if not rep.rows:
-    return _fail(f"no run with a usable metrics.jsonl in {' '.join(args.paths)}")
   print(report.to_markdown(rep))
   if args.out:
     for path in report.write_report(rep, args.out):
@@ -315,9 +317,10 @@ def cmd_plot(args) -> int:
   except plots.MissingDependency as e:
     print(f"jsfl: error: {e}", file=sys.stderr)
     return 1
-  _warn(problems)
   if not pngs:
-    return _fail(f"no run with a usable metrics.jsonl in {' '.join(args.paths)}")
+    return _fail(f"no run with a usable metrics.jsonl in {' '.join(args.paths)}; allowed: "
+                 "run directories, or directories holding them")
+  _warn(problems)
   for p in pngs:
     print(p)
   return 0
@@ -356,13 +359,13 @@ def main(argv=None) -> int:
     return 130
   except SystemExit:
     raise
-  except Exception:  # noqa: BLE001 - the boundary: a bug, shown whole and named as one
-    import traceback
-    traceback.print_exc()
+  except Exception:
+    # A bug: say so, then let it propagate so its traceback follows (and
+    # in-process callers get the exception itself); the exit status is 1.
     print(f"jsfl: internal error: this is a bug in jsfl {__version__}, not a problem with "
-          "your input; please report it with the traceback above and the command",
-          file=sys.stderr)
-    return 1
+          "your input; please report it with the traceback below and the command",
+          file=sys.stderr, flush=True)
+    raise
 
 
 def _dispatch(argv=None) -> int:

@@ -51,6 +51,10 @@ def in_range(value, spec: str) -> bool:
   return bool(above and below)
 
 
+def _num(x: float, typ) -> str:
+  return str(int(x)) if typ is int or x == int(x) else repr(x)
+
+
 def type_name(t) -> str:
   return {int: "an int", float: "a float", str: "a string", bool: "true/false"}[t]
 
@@ -63,6 +67,9 @@ def allowed(opt: Option) -> str:
     spec = opt.range or ("[-2147483648, 2147483647]" if opt.type is int else None)
     if spec is None:
       return "a finite float"
+    lo, hi, lo_c, _ = _bounds(spec)
+    if hi == math.inf:  # "an int >= 1" reads better than "an int in [1, inf)"
+      return f"{type_name(opt.type)} {'>=' if lo_c else '>'} {_num(lo, opt.type)}"
     return f"{type_name(opt.type)} in {spec}"
   return type_name(opt.type)
 

@@ -646,9 +646,6 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
     Stopped: as :func:`run`.
   """
   path = os.path.join(run_dir, "config.json")
-  if not os.path.isdir(run_dir):
-    raise config_lib.ConfigError(f"--resume {run_dir!r}: no such directory; allowed: a "
-                                 "run directory jsfl run wrote")
   try:
     with open(path) as f:
       stored = json.load(f)["config"]

@@ -29,11 +29,16 @@ from flax import struct
 
 from jsfl.methods import fedcurv, fedseq, parallel
 from jsfl.methods.base import Setup, plan_round
+from jsfl.options import Option
 
+# lam < 0 would reward moving away from the consolidated weights; sigma > 1
+# would grow old importance every round instead of decaying it.
 OPTIONS = {
-    "lam": (float, 1.0, "consolidation penalty coefficient lambda", None),
-    "sigma": (float, 0.5, "decay of the importance matrix at each round start", None),
-    "fisher": (str, "batch", "diagonal Fisher estimator", fedcurv.FISHER_MODES),
+    "lam": Option(float, 1.0, "consolidation penalty coefficient lambda (0 = FedSeq)",
+                  range="[0, inf)"),
+    "sigma": Option(float, 0.5, ("decay of the importance matrix at each round start "
+                                 "(0 = forget, 1 = keep)"), range="[0, 1]"),
+    "fisher": Option(str, "batch", "diagonal Fisher estimator", fedcurv.FISHER_MODES),
 }
 
 

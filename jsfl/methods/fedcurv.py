@@ -35,12 +35,15 @@ from jax import lax
 from jsfl.engine import batching, common
 from jsfl.methods import parallel
 from jsfl.methods.base import Setup, map_clients
+from jsfl.options import Option
 
 FISHER_MODES = ("batch", "sample")
 
+# lam < 0 would reward moving away from the other clients' important weights.
 OPTIONS = {
-    "lam": (float, 1.0, "FedCurv penalty coefficient lambda", None),
-    "fisher": (str, "batch", "diagonal Fisher estimator", FISHER_MODES),
+    "lam": Option(float, 1.0, "FedCurv penalty coefficient lambda (0 = FedAvg)",
+                  range="[0, inf)"),
+    "fisher": Option(str, "batch", "diagonal Fisher estimator", FISHER_MODES),
 }
 
 State = parallel.State

@@ -22,10 +22,14 @@ import jax.numpy as jnp
 
 from jsfl.methods import parallel
 from jsfl.methods.base import Setup
+from jsfl.options import Option
 
+# beta < 0 would push the local model away from the global one; tau divides
+# the logits (tau = 0 is a division by zero).
 OPTIONS = {
-    "beta": (float, 1.0, "weight of the not-true distillation term", None),
-    "tau": (float, 1.0, "distillation temperature", None),
+    "beta": Option(float, 1.0, "weight of the not-true distillation term (0 = FedAvg)",
+                   range="[0, inf)"),
+    "tau": Option(float, 1.0, "distillation temperature", range="(0, inf)"),
 }
 
 State = parallel.State

@@ -16,8 +16,12 @@ import jax.numpy as jnp
 
 from jsfl.methods import parallel
 from jsfl.methods.base import Setup
+from jsfl.options import Option
 
-OPTIONS = {"mu": (float, 0.01, "proximal coefficient mu", None)}
+# mu < 0 would reward drifting from the global model (the loss is unbounded
+# below); mu = 0 is FedAvg.
+OPTIONS = {"mu": Option(float, 0.01, "proximal coefficient mu (0 = FedAvg)",
+                        range="[0, inf)")}
 
 State = parallel.State
 

@@ -45,6 +45,7 @@ from jsfl.methods.base import (
   round_metrics,
   split_communication,
 )
+from jsfl.options import Option
 
 # Superclass tables: label -> group.  CIFAR-10 labels are airplane,
 # automobile, bird, cat, deer, dog, frog, horse, ship, truck (Hydra App. H).
@@ -62,14 +63,18 @@ SUPERCLASSES = {
 }
 SUPERCLASS_NAMES = ("consecutive", "cifar10", "fashion_mnist")
 
+# Ranges hold the sentinels (groups 0, head_cut -1) and a generous upper
+# bound; ``validate`` checks against the model and dataset (G <= L,
+# cut < head_cut < the model's stages).
 OPTIONS = {
-    "groups": (int, 0, "number of heads G (0 = number of labels L)"),
-    "head_cut": (int, -1, ("first stage of the heads (-1 = the model's default "
-                           "or the `head` preset)")),
-    "head": (str, "", ("named head length of the model (MobileNetV1: "
-                       "'small' = last 2 stages, 'large' = from stage 20)")),
-    "superclasses": (str, "consecutive", "label -> group table when G < L",
-                     SUPERCLASS_NAMES),
+    "groups": Option(int, 0, "number of heads G (0 = number of labels L)",
+                     range="[0, 1000000]"),
+    "head_cut": Option(int, -1, ("first stage of the heads (-1 = the model's default "
+                                 "or the `head` preset)"), range="[-1, 10000]"),
+    "head": Option(str, "", ("named head length of the model (MobileNetV1: "
+                             "'small' = last 2 stages, 'large' = from stage 20)")),
+    "superclasses": Option(str, "consecutive", "label -> group table when G < L",
+                           SUPERCLASS_NAMES),
 }
 
 

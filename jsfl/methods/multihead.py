@@ -41,10 +41,12 @@ from jsfl.methods.base import (
   round_metrics,
 )
 from jsfl.methods.splitfedv3 import max_logit_select
+from jsfl.options import Option
 
+# -1 is the sentinel; ``validate`` checks the cut against the model's stages.
 OPTIONS = {
-    "head_cut": (int, -1, ("first stage of the per-client heads; -1 = the "
-                           "model's default_head_cut")),
+    "head_cut": Option(int, -1, ("first stage of the per-client heads; -1 = the "
+                                 "model's default_head_cut"), range="[-1, 10000]"),
 }
 
 

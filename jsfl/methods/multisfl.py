@@ -114,22 +114,30 @@ from jsfl.methods.base import (
   portion_bytes,
   split_communication,
 )
+from jsfl.options import Option
 
 REPLAY_MODES = ("adaptive", "fixed", "off")
 
+# Each option's own range; ``validate`` keeps the check between them
+# (p_min <= p0 <= p_max with adaptive replay).  min_request sizes a static
+# replay buffer, hence a finite bound.
 OPTIONS = {
-    "replay": (str, "adaptive", ("knowledge replay: adaptive proportion (MultiSFL), "
-                                 "fixed proportion p0 (ablation Conf2), off "
-                                 "(ablation Conf1)"), REPLAY_MODES),
-    "p0": (float, 0.01, ("initial sampling proportion p_0 (the constant one when "
-                         "replay='fixed')"), None),
-    "p_min": (float, 0.01, "lower clip of the adaptive proportion", None),
-    "p_max": (float, 0.5, "upper clip of the adaptive proportion", None),
-    "gamma": (float, 0.5, "score-vector decay, 0 < gamma < 1", None),
-    "alpha": (float, 0.1, "pull-back weight of the master model", None),
-    "min_request": (int, 0, ("smallest total replay request of a branch and round: "
-                             "max(min_request, |D_i| p_r) (0 = SPEC 4; the authors' "
-                             "code uses the number of classes)"), None),
+    "replay": Option(str, "adaptive", ("knowledge replay: adaptive proportion (MultiSFL), "
+                                       "fixed proportion p0 (ablation Conf2), off "
+                                       "(ablation Conf1)"), REPLAY_MODES),
+    "p0": Option(float, 0.01, ("initial sampling proportion p_0 (the constant one when "
+                               "replay='fixed')"), range="[0, 1]"),
+    "p_min": Option(float, 0.01, "lower clip of the adaptive proportion",
+                    range="(0, 1]"),
+    "p_max": Option(float, 0.5, "upper clip of the adaptive proportion",
+                    range="(0, 1]"),
+    "gamma": Option(float, 0.5, "score-vector decay, 0 < gamma < 1", range="(0, 1)"),
+    "alpha": Option(float, 0.1, "pull-back weight of the master model (0 = none)",
+                    range="[0, inf)"),
+    "min_request": Option(int, 0, ("smallest total replay request of a branch and round: "
+                                   "max(min_request, |D_i| p_r) (0 = SPEC 4; the authors' "
+                                   "code uses the number of classes)"),
+                          range="[0, 1000000]"),
 }
 
 

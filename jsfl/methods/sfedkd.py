@@ -62,31 +62,43 @@ from jax import lax
 from jsfl.engine import batching, common
 from jsfl.methods import fedseq, parallel
 from jsfl.methods.base import Setup, map_clients, plan_round
+from jsfl.options import Option
 
 METRICS = ("kl", "l1", "l2", "js")
 SELECTIONS = ("greedy", "random")
 WEIGHTINGS = ("discrepancy", "equal")
 TEACHER_EXECS = ("auto", "vmap", "unroll", "map")
 
+# num_teachers <= clients_per_round is ``validate``'s.  Negative KD weights
+# would push the student away from its teachers; T divides the logits; eps
+# and smooth keep (d_k + eps)^-1 and KL(pi_s || pi_k) finite when d_k = 0 or
+# a teacher lacks a class, so neither may be 0.
 OPTIONS = {
-    "num_teachers": (int, 5, "teachers M selected per round (0 = FedSeq)", None),
-    "alpha_t": (float, 1.0, "weight of the multi-teacher TCKD term", None),
-    "beta_t": (float, 8.0, "weight of the multi-teacher NCKD term", None),
-    "temperature": (float, 4.0, "distillation temperature T", None),
-    "eps": (float, 0.05, "smoothing constant of the teacher weights", None),
-    "smooth": (float, 1e-3, "added per class to client distributions for d_k", None),
-    "metric": (str, "kl", "discrepancy d_k between student and teacher data", METRICS),
-    "selection": (str, "greedy", "teacher selection", SELECTIONS),
-    "selection_metric": (str, "kl", "distance of pi_bar to uniform in greedy selection",
-                         METRICS),
-    "tc_weights": (str, "discrepancy", "TCKD teacher weights", WEIGHTINGS),
-    "nc_weights": (str, "discrepancy", "NCKD teacher weights", WEIGHTINGS),
-    "teacher_exec": (str, "auto", ("how the teachers' forward runs: one vmapped forward "
-                                   "over the stacked teachers, or unrolled; auto = unroll "
-                                   "on CPU, vmap elsewhere"), TEACHER_EXECS),
-    "teacher_cache": (bool, True, ("run the teachers once per client on its first epoch "
-                                   "and look their logits up in later epochs (same "
-                                   "values, E times fewer teacher forwards)"), None),
+    "num_teachers": Option(int, 5, "teachers M selected per round (0 = FedSeq)",
+                           range="[0, 1000000]"),
+    "alpha_t": Option(float, 1.0, "weight of the multi-teacher TCKD term",
+                      range="[0, inf)"),
+    "beta_t": Option(float, 8.0, "weight of the multi-teacher NCKD term",
+                     range="[0, inf)"),
+    "temperature": Option(float, 4.0, "distillation temperature T", range="(0, inf)"),
+    "eps": Option(float, 0.05, "smoothing constant of the teacher weights",
+                  range="(0, inf)"),
+    "smooth": Option(float, 1e-3, "added per class to client distributions for d_k",
+                     range="(0, inf)"),
+    "metric": Option(str, "kl", "discrepancy d_k between student and teacher data",
+                     METRICS),
+    "selection": Option(str, "greedy", "teacher selection", SELECTIONS),
+    "selection_metric": Option(str, "kl", "distance of pi_bar to uniform in greedy "
+                               "selection", METRICS),
+    "tc_weights": Option(str, "discrepancy", "TCKD teacher weights", WEIGHTINGS),
+    "nc_weights": Option(str, "discrepancy", "NCKD teacher weights", WEIGHTINGS),
+    "teacher_exec": Option(str, "auto", ("how the teachers' forward runs: one vmapped "
+                                         "forward over the stacked teachers, or unrolled; "
+                                         "auto = unroll on CPU, vmap elsewhere"),
+                           TEACHER_EXECS),
+    "teacher_cache": Option(bool, True, ("run the teachers once per client on its first "
+                                         "epoch and look their logits up in later epochs "
+                                         "(same values, E times fewer teacher forwards)")),
 }
 
 _NEG = -1e9  # finite "minus infinity" for masked logits (no 0 * inf NaNs)

@@ -34,12 +34,16 @@ from jsfl.engine import common
 from jsfl.methods import sfl
 from jsfl.methods.base import Setup, split_communication
 from jsfl.methods.sfl_fedntd import finish, split_round
+from jsfl.options import Option
 
 WEIGHTS = ("uniform", "samples")
+# eps > 0 keeps eta_g finite when every client returns the global model
+# (D_bar = 0); the bound is ``validate``'s.
 OPTIONS = {
-    "eps": (float, 1e-3, "FedExp's eps in the step-size denominator", None),
-    "weights": (str, "uniform", ("client weights a_i: uniform 1/M (FedExp, SPEC 5) "
-                                 "or by sample count (SFL's)"), WEIGHTS),
+    "eps": Option(float, 1e-3, "FedExp's eps in the step-size denominator",
+                  range="(0, inf)"),
+    "weights": Option(str, "uniform", ("client weights a_i: uniform 1/M (FedExp, SPEC 5) "
+                                       "or by sample count (SFL's)"), WEIGHTS),
 }
 
 State = sfl.State

@@ -38,11 +38,17 @@ from flax import struct
 from jsfl.methods import sfl
 from jsfl.methods.base import Setup, split_communication
 from jsfl.methods.sfl_fedntd import finish, sample_weighted, split_round
+from jsfl.options import Option
 
+# The radius is a length (0 = SFL); acc_rate > 1 would send the "opposite"
+# half of the starts along +g too, so no mutation around w is left.  bound
+# divides t, and >= 1 is ``validate``'s bound.
 OPTIONS = {
-    "radius": (float, 4.0, "mutation radius a", None),
-    "acc_rate": (float, 0.3, "beta_0 of beta_t = beta_0 (1 - min(t / bound, 1))", None),
-    "bound": (int, 50, "rounds after which beta_t reaches 0", None),
+    "radius": Option(float, 4.0, "mutation radius a (0 = no mutation)", range="[0, inf)"),
+    "acc_rate": Option(float, 0.3, "beta_0 of beta_t = beta_0 (1 - min(t / bound, 1))",
+                       range="[0, 1]"),
+    "bound": Option(int, 50, "rounds after which beta_t reaches 0",
+                    range="[1, 1000000]"),
 }
 
 # A fixed fold-in constant keeps the mutation's randomness independent of the

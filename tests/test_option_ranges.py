@@ -1,0 +1,127 @@
+"""Every method option declares what it allows, and the config layer enforces it.
+
+Config only: ``load_config`` imports the method modules but trains nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jsfl import config, options
+from jsfl.methods.registry import METHODS
+
+# Int/float options allowed to have no declared range, each with the reason
+# (any finite value, and ints within int32, must then be meaningful).
+NO_RANGE: dict[tuple[str, str], str] = {}
+
+ALL = [(name, key, opt) for name in METHODS
+       for key, opt in config.method_options(name).items()]
+NUMERIC = [(name, key, opt) for name, key, opt in ALL if opt.type in (int, float)]
+RANGED = [(name, key, opt) for name, key, opt in NUMERIC if opt.range is not None]
+
+
+def _ids(cases):
+  return [f"{name}.{key}" for name, key, _ in cases]
+
+
+def _load(name: str, key: str, value):
+  # repr of an int or a finite float is valid TOML (1e-05, -5e-324, 0.0).
+  return config.load_config(None, [f"method.name={name}", f"method.{key}={value!r}"])
+
+
+def _bound_cases():
+  """(name, key, value, accepted) for each finite bound of every range."""
+  cases = []
+  for name, key, opt in RANGED:
+    lo, hi, lo_closed, hi_closed = options._bounds(opt.range)
+    for bound, closed, inward in ((lo, lo_closed, math.inf), (hi, hi_closed, -math.inf)):
+      if math.isinf(bound):
+        continue
+      if opt.type is int:
+        step = 1 if inward > 0 else -1
+        first_in = int(bound) if closed else int(bound) + step
+        cases += [(name, key, first_in, True), (name, key, first_in - step, False)]
+      else:
+        first_in = bound if closed else math.nextafter(bound, inward)
+        first_out = math.nextafter(bound, -inward) if closed else bound
+        cases += [(name, key, first_in, True), (name, key, first_out, False)]
+  return cases
+
+
+BOUNDS = _bound_cases()
+
+
+def test_cases_cover_every_option():
+  assert NUMERIC, "no numeric method options found"
+  # every declared range has a finite bound, so each gets its boundary checked
+  assert {(n, k) for n, k, *_ in BOUNDS} == {(n, k) for n, k, _ in RANGED}
+  # the allowlist names real options, each with a reason
+  assert all(reason for reason in NO_RANGE.values())
+  assert set(NO_RANGE) <= {(n, k) for n, k, _ in NUMERIC}
+
+
+@pytest.mark.parametrize("name,key,opt", ALL, ids=_ids(ALL))
+def test_default_is_allowed(name, key, opt):
+  assert options.check(f"method.{key}", opt.default, opt) == opt.default
+  if opt.choices is not None:
+    assert opt.default in opt.choices
+
+
+@pytest.mark.parametrize("name,key,opt", NUMERIC, ids=_ids(NUMERIC))
+def test_numeric_option_declares_range(name, key, opt):
+  if (name, key) in NO_RANGE:
+    return
+  assert opt.range is not None, (
+      f"{name}: method.{key} ({opt.type.__name__}) declares no range; declare one in "
+      f"its OPTIONS or list it with a reason in NO_RANGE")
+  lo, hi, *_ = options._bounds(opt.range)   # parses
+  assert lo < hi
+
+
+@pytest.mark.parametrize("name,key,opt", ALL, ids=_ids(ALL))
+def test_nan_is_a_config_error(name, key, opt):
+  with pytest.raises(config.ConfigError, match=f"method\\.{key}"):
+    config.load_config(None, [f"method.name={name}", f"method.{key}=nan"])
+
+
+@pytest.mark.parametrize("name,key,value,accepted", BOUNDS,
+                         ids=[f"{n}.{k}={v!r}" for n, k, v, _ in BOUNDS])
+def test_range_bounds(name, key, value, accepted):
+  if accepted:
+    cfg = _load(name, key, value)
+    assert cfg["method"][key] == value
+  else:
+    with pytest.raises(config.ConfigError, match=f"method\\.{key}="):
+      _load(name, key, value)
+
+
+@pytest.mark.parametrize("name,override", [
+    ("fedprox", "method.mu=-1"),
+    ("sfedkd", "method.temperature=0"),
+    ("sfedkd", "method.temperature=-4.0"),
+    ("fedntd", "method.tau=0"),
+    ("sfl_fedntd", "method.tau=0.0"),
+    ("multisfl", "method.gamma=1"),
+    ("multisfl", "method.p_max=1.5"),
+    ("sfl_fedexp", "method.eps=0"),
+    ("sfl_fedmut", "method.bound=0"),
+    ("cwc", "method.sigma=2"),
+    ("sfedkd", "method.num_teachers=-1"),
+    ("hydra", "method.head_cut=-2"),
+])
+def test_hostile_values_rejected(name, override):
+  with pytest.raises(config.ConfigError, match=override.split("=")[0].replace(".", r"\.")):
+    config.load_config(None, [f"method.name={name}", override])
+
+
+@pytest.mark.parametrize("name,override", [
+    ("fedprox", "method.mu=0.0"),          # FedAvg (experiments/sequential)
+    ("hydra", "method.head_cut=-1"),
+    ("hydra", "method.groups=0"),
+    ("sfedkd", "method.num_teachers=0"),   # FedSeq
+    ("multisfl", "method.p0=0"),
+])
+def test_sentinels_accepted(name, override):
+  config.load_config(None, [f"method.name={name}", override])
