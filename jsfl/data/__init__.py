@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jsfl.data.idx import IDX_SOURCES, DatasetNotFound, load_idx_dataset
+from jsfl.data.idx import IDX_SOURCES, BadDataFile, DatasetNotFound, load_idx_dataset
 from jsfl.data.synthetic import make_synthetic
 from jsfl.data.tfds_source import TFDS_SOURCES, load_tfds_dataset
 
@@ -202,9 +202,14 @@ def load_dataset(name: str, *, data_dir=None, cache_dir=None,
     The :class:`Dataset`.
 
   Raises:
-    ValueError: unknown name or options, or malformed files.
-    DatasetNotFound: the files are nowhere and could not be fetched; the
-      message names the ways to fix it.
+    ValueError: unknown name or options, or a bad option value (the message
+      names ``key=value`` and what is allowed).
+    BadDataFile: a dataset file that is unreadable, damaged or of the wrong
+      shape (the message names the file and how to replace it); also a
+      ValueError.
+    DatasetNotFound: ``data_dir`` is not a directory, or the files are
+      nowhere and could not be fetched; the message names the ways to fix
+      it.
   """
   if name not in DATASETS:
     raise ValueError(f"dataset {name!r}; allowed: {DATASETS}")
@@ -214,6 +219,10 @@ def load_dataset(name: str, *, data_dir=None, cache_dir=None,
     raise ValueError(f"unknown options {unknown} for dataset {name!r}; "
                      f"allowed: {allowed}")
   subset = options.pop("train_subset", None)
+  if subset is not None and not _is_count(subset):
+    # Before loading: the range check below needs the data, the type does not.
+    raise ValueError(f"train_subset={subset!r}; allowed: an integer >= 1 (at "
+                     "most the training set's size)")
   if name in IDX_SOURCES:
     arrays = load_idx_dataset(name, data_dir=data_dir, cache_dir=cache_dir,
                               download=download)
@@ -230,10 +239,16 @@ def load_dataset(name: str, *, data_dir=None, cache_dir=None,
   return make_dataset(name, num_classes=num_classes, **arrays)
 
 
+def _is_count(n) -> bool:
+  # bool is an int subclass, but True as a sample count is a config mistake.
+  return (isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_))
+          and n >= 1)
+
+
 def _train_subset(arrays: dict, n) -> dict:
   """``n`` training samples, each label keeping its share (seed 0)."""
   y = np.asarray(arrays["y_train"])
-  if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= y.shape[0]:
+  if not _is_count(n) or n > y.shape[0]:
     raise ValueError(f"train_subset={n!r}; allowed: an integer in "
                      f"[1, {y.shape[0]}] (the training set's size)")
   rng = np.random.default_rng(0)
@@ -269,5 +284,5 @@ def normalize(x_uint8: jax.Array, mean, std) -> jax.Array:
   return (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
 
 
-__all__ = ["DATASETS", "DATASET_OPTIONS", "Dataset", "DatasetNotFound",
+__all__ = ["DATASETS", "DATASET_OPTIONS", "BadDataFile", "Dataset", "DatasetNotFound",
            "channel_stats", "load_dataset", "make_dataset", "normalize"]

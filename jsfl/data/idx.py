@@ -13,7 +13,9 @@ A dataset resolves from, in order (first complete set of four files wins):
    ``download=True``.
 
 When all of these fail the error (:class:`DatasetNotFound`) names the three
-ways to fix it.  Files may be gzipped (``.gz``) or raw.
+ways to fix it.  Files may be gzipped (``.gz``) or raw.  A file that is there
+but cannot be used (unreadable, truncated, corrupt, of the wrong shape) is a
+:class:`BadDataFile` naming it and how to replace it.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import http.client
+import math
 import os
 import pathlib
 import shutil
 import tempfile
 import urllib.request
+import zlib
 
 import numpy as np
+
+from jsfl.errors import DataError
 
 SYSTEM_DATA_ROOT = "/usr/share/datasets"
 """Where Debian's ``dataset-*`` packages install; ``$JSFL_SYSTEM_DATA`` wins."""
@@ -49,8 +55,20 @@ IDX_FILES = {
 }
 
 
-class DatasetNotFound(FileNotFoundError):
-  """A dataset's files are nowhere to be found (and could not be fetched)."""
+class DatasetNotFound(DataError, FileNotFoundError):
+  """A dataset's files are nowhere to be found (and could not be fetched).
+
+  Also a :class:`FileNotFoundError`, which it was before :mod:`jsfl.errors`.
+  """
+
+
+class BadDataFile(DataError, ValueError):
+  """A dataset file that is there but unusable: unreadable, truncated,
+  corrupt, not of its format, or of the wrong shape.
+
+  Also a :class:`ValueError`, which malformed files raised before
+  :mod:`jsfl.errors`.
+  """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +171,8 @@ def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
                      f"need {header} for ndim={ndim})")
   shape = tuple(int(d) for d in np.frombuffer(data, ">u4", ndim, 4))
   dtype = np.dtype(_IDX_DTYPES[code])
-  expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+  # Python ints: a hostile header's product must not wrap around in int64.
+  expected = header + math.prod(shape) * dtype.itemsize
   if len(data) != expected:
     raise ValueError(f"{source}: {len(data)} bytes but the header {shape} "
                      f"of {dtype} needs {expected}")
@@ -161,20 +180,49 @@ def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
   return arr.astype(dtype.newbyteorder("="), copy=False)
 
 
-def read_idx(path: str | os.PathLike) -> np.ndarray:
+def read_idx(path: str | os.PathLike, max_bytes: int | None = None
+             ) -> np.ndarray:
   """Reads an IDX file, gzipped (by ``.gz`` suffix or magic) or raw.
 
   Args:
     path: the file.
+    max_bytes: the most (decompressed) bytes a valid file can have, or None;
+      a larger one is rejected before it is read whole, so a small
+      compressed file cannot exhaust memory.
 
   Returns:
     The parsed array (see :func:`parse_idx`).
+
+  Raises:
+    BadDataFile: the file cannot be read, its compressed stream is
+      truncated or corrupt, or its content is not a whole IDX file; the
+      message names the path.
   """
   path = pathlib.Path(path)
-  data = path.read_bytes()
-  if data[:2] == b"\x1f\x8b":
-    data = gzip.decompress(data)
-  return parse_idx(data, str(path))
+  try:
+    with open(path, "rb") as f:
+      head = f.read(2)
+      f.seek(0)
+      if head == b"\x1f\x8b":
+        with gzip.GzipFile(fileobj=f) as g:
+          data = g.read(-1 if max_bytes is None else max_bytes + 1)
+      else:
+        data = f.read(-1 if max_bytes is None else max_bytes + 1)
+  except EOFError:
+    raise BadDataFile(f"{path}: damaged: the gzip stream ends early "
+                      "(truncated file)") from None
+  except (gzip.BadGzipFile, zlib.error) as e:
+    raise BadDataFile(f"{path}: damaged: corrupt gzip data ({e})") from None
+  except OSError as e:
+    raise BadDataFile(f"{path}: cannot be read: {e.strerror or e}") from None
+  if max_bytes is not None and len(data) > max_bytes:
+    raise BadDataFile(f"{path}: damaged: decompresses to more than "
+                      f"{max_bytes} bytes, the most a valid file may hold")
+  try:
+    return parse_idx(data, str(path))
+  except ValueError as e:
+    reason = str(e).removeprefix(f"{path}: ")
+    raise BadDataFile(f"{path}: damaged: {reason}") from None
 
 
 def find_idx_files(directory: str | os.PathLike
@@ -203,17 +251,46 @@ def find_idx_files(directory: str | os.PathLike
   return found, missing
 
 
-def _load_dir(source: IdxSource, files: dict[str, pathlib.Path]
-              ) -> dict[str, np.ndarray]:
+def _max_bytes(shape: tuple[int, ...]) -> int:
+  """A bound on the decompressed size of a file meant to hold ``shape``.
+
+  Twice the uint8 payload plus 1 MiB: a file of some other shape still gets
+  the clearer shape message, while a small file that inflates to gigabytes
+  (damage or a compression bomb) is refused before it exhausts memory.
+  """
+  return 2 * (4 + 4 * len(shape) + math.prod(shape)) + 2**20
+
+
+def _load_dir(source: IdxSource, files: dict[str, pathlib.Path],
+              remedy: str) -> dict[str, np.ndarray]:
+  """Reads and shape-checks the four files; ``remedy`` ends the message of
+  a bad one (it depends on where the file came from)."""
   out = {}
   for key, path in files.items():
-    arr = read_idx(path)
-    if arr.shape != source.expected_shape(key) or arr.dtype != np.uint8:
-      raise ValueError(
+    shape = source.expected_shape(key)
+    try:
+      arr = read_idx(path, max_bytes=_max_bytes(shape))
+    except BadDataFile as e:
+      raise BadDataFile(f"{e}; {remedy}") from None
+    if arr.shape != shape or arr.dtype != np.uint8:
+      raise BadDataFile(
           f"{path}: {arr.dtype}{list(arr.shape)}; {source.name} needs uint8"
-          f"{list(source.expected_shape(key))}")
+          f"{list(shape)}; {remedy}")
     out[key] = arr
   return out
+
+
+def _remedy(source: IdxSource, where: str) -> str:
+  """How to replace a bad file found in ``where`` (data_dir, system, cache)."""
+  if where == "system":
+    if source.apt_package:
+      return (f"reinstall it (`apt-get install --reinstall "
+              f"{source.apt_package}`)")
+    return "replace it with an intact copy"
+  if where == "cache":
+    return ("delete it from the cache (it is downloaded again when "
+            "download=True) or replace it with an intact copy")
+  return "replace it with an intact copy"
 
 
 def _fixes(source: IdxSource, cache: pathlib.Path) -> str:
@@ -255,14 +332,14 @@ def _download(source: IdxSource, cache: pathlib.Path, timeout: float,
         size = os.path.getsize(tmp)
         if declared is not None and int(declared) != size:
           raise OSError(f"got {size} bytes, Content-Length says {declared}")
-        arr = read_idx(tmp)
-        if arr.shape != source.expected_shape(key):
-          raise OSError(f"shape {arr.shape}, expected "
-                        f"{source.expected_shape(key)}")
+        shape = source.expected_shape(key)
+        arr = read_idx(tmp, max_bytes=_max_bytes(shape))
+        if arr.shape != shape:
+          raise OSError(f"shape {arr.shape}, expected {shape}")
         os.replace(tmp, target)
         paths[key] = target
         break
-      except (OSError, ValueError, EOFError, http.client.HTTPException) as e:
+      except (OSError, ValueError, http.client.HTTPException) as e:
         errors.append(f"{url}: {e}")
       finally:
         if os.path.exists(tmp):
@@ -290,29 +367,38 @@ def load_idx_dataset(name: str, *, data_dir=None, cache_dir=None,
     "y_test": ...}``.
 
   Raises:
-    ValueError: unknown ``name`` or malformed files.
-    DatasetNotFound: no complete set of files anywhere and none fetched.
+    ValueError: unknown ``name``.
+    BadDataFile: a file is unreadable, damaged or of the wrong shape (the
+      message names it and how to replace it).
+    DatasetNotFound: ``data_dir`` is not a directory or lacks files, or no
+      complete set of files anywhere and none fetched.
   """
   if name not in IDX_SOURCES:
     raise ValueError(f"IDX dataset {name!r}; allowed: {tuple(IDX_SOURCES)}")
   source = IDX_SOURCES[name]
   cache = default_cache_root(cache_dir) / name
   if data_dir is not None:
-    found, missing = find_idx_files(data_dir)
+    directory = pathlib.Path(data_dir).expanduser()
+    if not directory.is_dir():
+      what = "is not a directory" if directory.exists() else "does not exist"
+      raise DatasetNotFound(
+          f"data_dir={str(data_dir)!r} {what}. " + _fixes(source, cache))
+    found, missing = find_idx_files(directory)
     if missing:
       raise DatasetNotFound(
           f"data_dir={str(data_dir)!r} lacks {missing} for {name}. "
           + _fixes(source, cache))
-    return _load_dir(source, found)
-  for directory in (system_data_root() / source.debian_name, cache):
+    return _load_dir(source, found, _remedy(source, "data_dir"))
+  system = system_data_root() / source.debian_name
+  for directory, where in ((system, "system"), (cache, "cache")):
     found, missing = find_idx_files(directory)
     if not missing:
-      return _load_dir(source, found)
+      return _load_dir(source, found, _remedy(source, where))
   # ``found`` is now the cache's partial set: only the rest is fetched.
   if not download:
     raise DatasetNotFound(
-        f"{name} not found in {system_data_root() / source.debian_name} nor "
-        f"in {cache}, and download=False. " + _fixes(source, cache))
+        f"{name} not found in {system} nor in {cache}, and download=False. "
+        + _fixes(source, cache))
   try:
     found = _download(source, cache,
                       DOWNLOAD_TIMEOUT_S if timeout is None else timeout, found)
@@ -320,4 +406,4 @@ def load_idx_dataset(name: str, *, data_dir=None, cache_dir=None,
     raise DatasetNotFound(
         f"{name} not found locally and the download failed ({e}). "
         + _fixes(source, cache)) from e
-  return _load_dir(source, found)
+  return _load_dir(source, found, _remedy(source, "cache"))

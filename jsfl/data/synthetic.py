@@ -35,6 +35,12 @@ _CHUNK = 2048  # samples per chunk: keeps temporaries in cache
 _BANK_SIZE = 64  # class-independent smooth background images
 # std of u1 + u2 for independent u ~ U{0..255}
 _TRI_STD = float(np.sqrt(2 * (256**2 - 1) / 12))
+# Beyond this the images are clipped noise anyway, and the fixed-point noise
+# arithmetic (int32) would overflow.
+MAX_NOISE = 100.0
+# Images plus the float64 prototypes and their temporaries; a larger request
+# would end in a MemoryError (or the OOM killer) instead of one line.
+MAX_BYTES = 2**34
 
 
 def _interp_matrix(out_size: int, in_size: int) -> np.ndarray:
@@ -88,7 +94,7 @@ def _samples(rng: np.random.Generator, protos: np.ndarray, bank: np.ndarray,
   by, bx = rng.integers(0, h, n), rng.integers(0, w, n)
   bg = rng.uniform(0.5, 1.5, n).astype(np.float32) * noise
   # Pixel noise: the sum of two uniform bytes, rescaled in fixed point (1/256).
-  noise_mul = int(round(0.5 * noise * _SCALE / _TRI_STD * 256))
+  noise_mul = round(0.5 * noise * _SCALE / _TRI_STD * 256)
   x = np.empty((n, h, w, c), np.uint8)
   for s in range(0, n, _CHUNK):
     e = min(s + _CHUNK, n)
@@ -112,6 +118,11 @@ def _samples(rng: np.random.Generator, protos: np.ndarray, bank: np.ndarray,
   return x, y
 
 
+def _is_int(v) -> bool:
+  # bool is an int subclass, but True as a size is a config mistake.
+  return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def make_synthetic(*, input_shape=(32, 32, 3), num_classes: int = 10,
                    train_size: int = 10000, test_size: int = 2000,
                    seed: int = 0, noise: float = 1.0
@@ -129,32 +140,40 @@ def make_synthetic(*, input_shape=(32, 32, 3), num_classes: int = 10,
     test_size: number of test samples (>= 1).
     seed: the seed of everything.
     noise: pixel noise standard deviation relative to the prototype signal
-      (>= 0); larger is harder.
+      (in [0, :data:`MAX_NOISE`]); larger is harder.
 
   Returns:
     ``{"x_train": uint8 (N, H, W, C), "y_train": int32 (N,), "x_test",
     "y_test"}``.
 
   Raises:
-    ValueError: a bad argument (the message names it and what is allowed).
+    ValueError: a bad argument (the message names it and what is allowed),
+      or sizes needing more than :data:`MAX_BYTES` of memory.
   """
   shape = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else ()
-  if len(shape) != 3 or not all(
-      isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
+  if len(shape) != 3 or not all(_is_int(d) and d >= 1 for d in shape):
     raise ValueError(f"input_shape={input_shape!r}; allowed: (H, W, C) of "
                      "positive ints")
   shape = tuple(int(d) for d in shape)
   for arg, val, low in (("num_classes", num_classes, 2),
                         ("train_size", train_size, 1),
                         ("test_size", test_size, 1)):
-    if not isinstance(val, (int, np.integer)) or isinstance(val, bool) \
-        or val < low:
+    if not _is_int(val) or val < low:
       raise ValueError(f"{arg}={val!r}; allowed: an int >= {low}")
-  if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) \
-      or seed < 0:
+  if not _is_int(seed) or seed < 0:
     raise ValueError(f"seed={seed!r}; allowed: an int >= 0")
-  if not isinstance(noise, numbers.Real) or not 0 <= noise < float("inf"):
-    raise ValueError(f"noise={noise!r}; allowed: a finite float >= 0")
+  if (not isinstance(noise, numbers.Real) or isinstance(noise, (bool, np.bool_))
+      or not 0 <= noise <= MAX_NOISE):
+    raise ValueError(f"noise={noise!r}; allowed: a float in [0, {MAX_NOISE:g}]")
+  pixels = int(np.prod(shape, dtype=object))
+  need = ((int(train_size) + int(test_size)) * pixels
+          + 16 * (int(num_classes) + _BANK_SIZE) * pixels)
+  if need > MAX_BYTES:
+    raise ValueError(
+        f"train_size={train_size!r}, test_size={test_size!r}, "
+        f"input_shape={input_shape!r}, num_classes={num_classes!r} need "
+        f"{need / 2**30:.3g} GiB; allowed: at most {MAX_BYTES / 2**30:g} GiB "
+        "(fewer or smaller images, or fewer classes)")
   proto_ss, train_ss, test_ss = np.random.SeedSequence(int(seed)).spawn(3)
   proto_rng = np.random.default_rng(proto_ss)
   protos = _prototypes(proto_rng, int(num_classes), shape)

@@ -10,17 +10,21 @@ Resolution, first hit wins:
    when needed) with ``data_dir`` = the given ``data_dir`` or
    ``<cache root>/tfds``, downloading there when ``download=True``.
 
-Otherwise :class:`~jsfl.data.idx.DatasetNotFound` says how to fix it.
+Otherwise :class:`~jsfl.data.idx.DatasetNotFound` says how to fix it; an
+``.npz`` that is there but unreadable or incomplete is a
+:class:`~jsfl.data.idx.BadDataFile` naming it.
 """
 
 from __future__ import annotations
 
 import importlib
 import pathlib
+import zipfile
+import zlib
 
 import numpy as np
 
-from jsfl.data.idx import DatasetNotFound, default_cache_root
+from jsfl.data.idx import BadDataFile, DatasetNotFound, default_cache_root
 
 # jsfl name -> (tfds name, number of classes).
 TFDS_SOURCES = {
@@ -52,22 +56,49 @@ def _images(x: np.ndarray, source: str) -> np.ndarray:
   return x
 
 
-def _from_npz(path: pathlib.Path, name: str, label_mode: str
+def _read_npz(path: pathlib.Path, name: str, label_mode: str
               ) -> dict[str, np.ndarray]:
-  with np.load(path) as z:
+  # allow_pickle stays off: an .npz from elsewhere must not run code.
+  z = np.load(path)
+  if not isinstance(z, np.lib.npyio.NpzFile):
+    raise BadDataFile(f"{path}: a single .npy array, not an .npz archive; "
+                      "allowed: an .npz with arrays x_train, y_train, x_test, "
+                      "y_test")
+  with z:
     needed = ("x_train", "y_train", "x_test", "y_test")
     missing = [k for k in needed if k not in z.files]
     if missing:
-      raise ValueError(f"{path}: lacks arrays {missing}; has {z.files}, "
-                       f"needs {list(needed)}")
+      raise BadDataFile(f"{path}: lacks arrays {missing}; has {z.files}, "
+                        f"needs {list(needed)}")
     out = {k: np.asarray(z[k]) for k in needed}
     if name == "cifar100" and label_mode == "coarse":
       if "y_train_coarse" in z.files and "y_test_coarse" in z.files:
         out["y_train"] = np.asarray(z["y_train_coarse"])
         out["y_test"] = np.asarray(z["y_test_coarse"])
       else:
+        fine = [out[k] for k in ("y_train", "y_test")]
+        if any(not np.issubdtype(y.dtype, np.integer) or y.ndim != 1
+               or (y.size and not 0 <= y.min() <= y.max() < 100) for y in fine):
+          raise BadDataFile(f"{path}: y_train/y_test are not CIFAR-100 fine "
+                            "labels; allowed: 1-D integers in [0, 100)")
         out["y_train"] = CIFAR100_COARSE[out["y_train"].astype(np.int64)]
         out["y_test"] = CIFAR100_COARSE[out["y_test"].astype(np.int64)]
+  return out
+
+
+def _from_npz(path: pathlib.Path, name: str, label_mode: str
+              ) -> dict[str, np.ndarray]:
+  fix = "replace it with an intact copy"
+  try:
+    out = _read_npz(path, name, label_mode)
+  except BadDataFile:
+    raise
+  except OSError as e:
+    raise BadDataFile(f"{path}: cannot be read: {e.strerror or e}; {fix}") from None
+  except (EOFError, zipfile.BadZipFile, zlib.error) as e:
+    raise BadDataFile(f"{path}: damaged: {e or 'truncated'}; {fix}") from None
+  except ValueError as e:  # numpy: not an .npz, or an array needing pickle
+    raise BadDataFile(f"{path}: damaged or not an .npz archive ({e}); {fix}") from None
   out["x_train"] = _images(out["x_train"], str(path))
   out["x_test"] = _images(out["x_test"], str(path))
   return out
@@ -99,7 +130,9 @@ def load_tfds_dataset(name: str, *, data_dir=None, cache_dir=None,
 
   Raises:
     ValueError: unknown name or label_mode, malformed arrays.
-    DatasetNotFound: no ``.npz`` and tfds missing or failing.
+    BadDataFile: an ``.npz`` that is unreadable, damaged or lacks arrays.
+    DatasetNotFound: ``data_dir`` is a file, or no ``.npz`` and tfds
+      missing or failing.
   """
   if name not in TFDS_SOURCES:
     raise ValueError(f"tfds dataset {name!r}; allowed: {tuple(TFDS_SOURCES)}")
@@ -110,7 +143,13 @@ def load_tfds_dataset(name: str, *, data_dir=None, cache_dir=None,
     num_classes = 20
   cache = default_cache_root(cache_dir)
   if data_dir is not None:
-    npz = pathlib.Path(data_dir).expanduser() / f"{name}.npz"
+    directory = pathlib.Path(data_dir).expanduser()
+    # A missing data_dir is fine: tensorflow-datasets may download into it.
+    if directory.exists() and not directory.is_dir():
+      raise DatasetNotFound(
+          f"data_dir={str(data_dir)!r} is not a directory. "
+          + _fixes(name, cache / name / f"{name}.npz"))
+    npz = directory / f"{name}.npz"
   else:
     npz = cache / name / f"{name}.npz"
   if npz.is_file():

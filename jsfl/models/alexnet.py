@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jsfl.models import layers
-from jsfl.models.base import StagedModel, register
+from jsfl.models.base import StagedModel, check_input_size, register
 
 
 class ConvNormRelu(nnx.Module):
@@ -64,7 +64,7 @@ def alexnet(input_shape, num_classes, *, norm: str = "none",
   """Builds the 8-layer CIFAR AlexNet (stage numbering in the module docstring).
 
   Args:
-    input_shape: ``(H, W, C)``; H and W at least 16.
+    input_shape: ``(H, W, C)``; H and W at least 15.
     num_classes: output width.
     norm: ``"none"`` (default, as in the paper's family), ``"batch"`` or
       ``"group"`` after each convolution.
@@ -84,11 +84,8 @@ def alexnet(input_shape, num_classes, *, norm: str = "none",
   def spatial(s):
     return (((s + 2 - 3) // 2 + 1) // 2 // 2) // 2
 
-  fh, fw = spatial(h), spatial(w)
-  if fh < 1 or fw < 1:
-    raise ValueError(f"alexnet: input_shape={tuple(input_shape)!r}; allowed: "
-                     "H and W at least 16")
-  flat = fh * fw * 256
+  check_input_size("alexnet", input_shape, spatial)
+  flat = spatial(h) * spatial(w) * 256
   kw = {"norm": norm, "conv_impl": conv_impl}
 
   def build(rngs):

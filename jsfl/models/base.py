@@ -132,6 +132,35 @@ class StagedModel:
     return self.apply(params, stats, x, train=False)[0]
 
 
+class InputTooSmall(ValueError):
+  """A layer whose input the model's downsampling has shrunk to nothing."""
+
+
+def check_input_size(name: str, input_shape, spatial: Callable[[int], int]) -> None:
+  """Raises a ValueError when ``input_shape`` is too small for the model.
+
+  Args:
+    name: model name, for the message.
+    input_shape: ``(H, W, C)`` of one sample.
+    spatial: the model's feature-map side at its dense layers as a function
+      of the input side (non-decreasing); at least 1 for a usable input.
+
+  Raises:
+    ValueError: naming the model, the shape and the smallest H and W that
+      work (where the model's downsampling would leave no pixels, which
+      would otherwise end in a ZeroDivisionError while building it).
+  """
+  h, w = int(input_shape[0]), int(input_shape[1])
+  fh, fw = spatial(h), spatial(w)
+  if fh >= 1 and fw >= 1:
+    return
+  smallest = next(s for s in range(1, 1 << 16) if spatial(s) >= 1)
+  raise ValueError(
+      f"{name}: input_shape={tuple(input_shape)!r} is too small (its "
+      f"downsampling leaves {max(fh, 0)}x{max(fw, 0)} pixels); allowed: H and "
+      f"W at least {smallest}")
+
+
 _REGISTRY: dict[str, Callable[..., StagedModel]] = {}
 
 
@@ -148,11 +177,17 @@ def model_names() -> tuple[str, ...]:
 
 
 def get_model(name: str, input_shape, num_classes: int, **options: Any) -> StagedModel:
-  """Builds a registered model; unknown names give a clear ValueError."""
+  """Builds a registered model; unknown names give a clear ValueError, as
+  does an input too small for it."""
   if name not in _REGISTRY:
     raise ValueError(f"model={name!r}; allowed: {', '.join(model_names())}")
-  return _cached(name, tuple(input_shape), int(num_classes),
-                 tuple(sorted(options.items())))
+  try:
+    return _cached(name, tuple(input_shape), int(num_classes),
+                   tuple(sorted(options.items())))
+  except InputTooSmall as e:
+    # The net for models without their own check_input_size.
+    raise ValueError(f"{name}: input_shape={tuple(input_shape)!r} is too small "
+                     f"({e}); allowed: larger H and W") from None
 
 
 _CACHE: dict = {}

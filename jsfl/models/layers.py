@@ -27,6 +27,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from jsfl.models.base import InputTooSmall
+
 ConvImpl = Literal["xla", "im2col"]
 DepthwiseImpl = Literal["grouped", "shifts"]
 Norm = Literal["batch", "group", "none"]
@@ -203,6 +205,8 @@ class Dense(nnx.Module):
   """Linear layer (flattens its input first)."""
 
   def __init__(self, din: int, dout: int, *, rngs: nnx.Rngs):
+    if din < 1:  # else a ZeroDivisionError deep in the initialiser
+      raise InputTooSmall(f"its dense layer gets {din} input features")
     self.linear = nnx.Linear(din, dout, rngs=rngs)
 
   def __call__(self, x, *, train: bool = False, mask=None):

@@ -20,7 +20,7 @@ fc1); a 32x32 input gives 32 -> 16 -> 12 -> 6 (16*6*6 = 576 features).
 from __future__ import annotations
 
 from jsfl.models import layers
-from jsfl.models.base import StagedModel, register
+from jsfl.models.base import StagedModel, check_input_size, register
 
 
 @register("lenet5")
@@ -45,12 +45,13 @@ def lenet5(input_shape, num_classes, *, norm: str = "none",
   conv_impl, depthwise_impl = layers.resolve_options(
       "lenet5", input_shape, num_classes, norm, conv_impl, depthwise_impl)
   h, w, c = input_shape
-  # conv1 SAME keeps h; pool halves; conv2 VALID removes 4; pool halves.
-  fh, fw = (h // 2 - 4) // 2, (w // 2 - 4) // 2
-  if fh < 1 or fw < 1:
-    raise ValueError(f"lenet5: input_shape={tuple(input_shape)!r}; allowed: "
-                     "H and W at least 12")
-  flat = fh * fw * 16
+
+  def spatial(s):
+    # conv1 SAME keeps s; pool halves; conv2 VALID removes 4; pool halves.
+    return (s // 2 - 4) // 2
+
+  check_input_size("lenet5", input_shape, spatial)
+  flat = spatial(h) * spatial(w) * 16
 
   def build(rngs):
     return [

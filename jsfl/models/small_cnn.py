@@ -14,16 +14,18 @@ Fashion-MNIST; ``width=32`` restores the larger one.
 from __future__ import annotations
 
 from jsfl.models import layers
-from jsfl.models.base import StagedModel, register
+from jsfl.models.base import StagedModel, check_input_size, register
 
 
 @register("small_cnn")
 def small_cnn(input_shape, num_classes, *, norm: str = "none",
               conv_impl: str | None = None, width: int = 16, hidden: int = 128,
               depthwise_impl: str | None = None) -> StagedModel:
-  """Builds the small CNN; ``norm`` in {"none", "batch", "group"}."""
+  """Builds the small CNN; ``norm`` in {"none", "batch", "group"}; H and W
+  at least 4."""
   conv_impl, _ = layers.resolve_options("small_cnn", input_shape, num_classes, norm,
                                         conv_impl, depthwise_impl)
+  check_input_size("small_cnn", input_shape, lambda s: s // 4)  # two max pools
   h, w, c = input_shape
   flat = (h // 4) * (w // 4) * 2 * width
 

@@ -34,8 +34,11 @@ from jsfl.partitions import iid as _iid
 from jsfl.partitions import natural as _natural
 
 __all__ = [
-    "PARTITIONS", "make_partition", "label_counts", "dominant_labels",
+    "PARTITIONS",
+    "dominant_labels",
     "index_table",
+    "label_counts",
+    "make_partition",
 ]
 
 # name -> {option: (type, default)}; configs are validated against this.
@@ -57,12 +60,19 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
 }
 
 
+_TYPE_NAMES = {int: "an int", float: "a float", bool: "true/false"}
+
+
 def _check_option(name: str, key: str, typ: type, value):
-  """``value`` converted to ``typ``, or ValueError naming what is allowed."""
+  """``value`` converted to ``typ``, or ValueError naming what is allowed.
+
+  Only the type is checked here; each method checks the range it needs
+  (non-finite floats included) and names it.
+  """
   if value is None:
     if PARTITIONS[name][key][1] is None:
       return None
-    raise ValueError(f"{name}.{key}=None; allowed: a {typ.__name__}")
+    raise ValueError(f"{name}.{key}=None; allowed: {_TYPE_NAMES[typ]}")
   # bool is an int subclass, but True as a count or rate is a config mistake.
   is_bool = isinstance(value, (bool, np.bool_))
   if typ is bool:
@@ -73,8 +83,8 @@ def _check_option(name: str, key: str, typ: type, value):
     ok = isinstance(value, numbers.Real) and not is_bool
   if not ok:
     raise ValueError(
-        f"{name}.{key}={value!r} ({type(value).__name__}); allowed: a "
-        f"{typ.__name__}")
+        f"{name}.{key}={value!r} ({type(value).__name__}); allowed: "
+        f"{_TYPE_NAMES[typ]}")
   return typ(value)
 
 
@@ -136,8 +146,7 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
     raise ValueError(
         f"unknown option(s) {', '.join(unknown)} for partition {name!r}; "
         f"allowed: {', '.join(sorted(allowed)) or 'none'}")
-  opts = {key: _check_option(name, key, typ,
-                             options[key] if key in options else default)
+  opts = {key: _check_option(name, key, typ, options.get(key, default))
           for key, (typ, default) in allowed.items()}
   labels, num_classes = _check_labels(labels, num_classes)
   if (not isinstance(num_clients, numbers.Integral) or
