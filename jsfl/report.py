@@ -250,6 +250,13 @@ def load_run(path: str) -> Run:
     records = []
     problems.append(f"{metrics_path}: missing; run skipped")
   partition = _read_json(os.path.join(path, "partition.json"), problems, required=False)
+  summary = _read_json(os.path.join(path, "summary.json"), [], required=False) or {}
+  diverged = {d.get("seed"): d.get("round") for d in summary.get("diverged") or ()
+              if isinstance(d, dict)}
+  if diverged:  # a seed's rounds before it diverged are no result of the config
+    records = [r for r in records if r["seed"] not in diverged]
+    problems += [f"{path}: seed {s} diverged at round {r} (summary.json); its records are "
+                 "left out" for s, r in sorted(diverged.items(), key=str)]
   return Run(path, config, resolved, records, partition, problems)
 
 

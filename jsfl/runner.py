@@ -694,10 +694,12 @@ EMPTY_FIGURE = {"median": None, "std": None, "per_seed": [], "seeds": []}
 
 def _summary(cfg, records, diverged=None) -> dict:
   """summary.json: its documented shape whatever happened (a metric without
-  values, e.g. BW after one evaluation, is an empty figure, not null)."""
-  figures = metrics.summarize(records)
+  values, e.g. BW after one evaluation, is an empty figure, not null); the
+  figures leave out seeds that diverged, which ``diverged`` names."""
+  diverged = diverged or {}
+  figures = metrics.summarize([r for r in records if r["seed"] not in diverged])
   return {"method": cfg["method"]["name"],
           "rounds_evaluated": max((r["round"] for r in records), default=0),
-          "seeds": sorted({r["seed"] for r in records}),
+          "seeds": sorted({r["seed"] for r in records} - set(diverged)),
           **{k: v if v is not None else dict(EMPTY_FIGURE) for k, v in figures.items()},
-          "diverged": [{"seed": s, "round": r} for s, r in sorted((diverged or {}).items())]}
+          "diverged": [{"seed": s, "round": r} for s, r in sorted(diverged.items())]}
