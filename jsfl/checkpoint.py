@@ -43,8 +43,14 @@ buffers, so a save must be done with them before it starts.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
+import shutil
+import sys
+import tempfile
+import time
 
 import jax
 import numpy as np
@@ -137,6 +143,89 @@ def check_matches(host: dict, template, seeds, where: str) -> None:
           f"{x.dtype}; allowed: the config the run was started with")
 
 
+ECHO = "RuntimeError: Event loop is closed"
+
+
+def _without_echoes(text: str) -> str:
+  """``text`` less the traceback blocks that end in :data:`ECHO`: what
+  tensorstore's callbacks print when a checkpoint write failed and orbax has
+  closed its event loop (one per pending write; noise after the real error)."""
+  out, block = [], None
+  for line in text.splitlines(keepends=True):
+    if block is None and line.startswith("Traceback (most recent call last)"):
+      block = [line]
+    elif block is not None:
+      block.append(line)
+      if line.strip() and not line[0].isspace():  # the exception line ends the block
+        if line.strip() != ECHO:
+          out += block
+        block = None
+    else:
+      out.append(line)
+  return "".join(out + (block or []))
+
+
+@contextlib.contextmanager
+def _quiet_writer_threads():
+  """Holds back the noise of a failed checkpoint write: orbax's writer threads
+  log every failed write with its traceback (absl, ERROR), and tensorstore's
+  callbacks print echoes straight to file descriptor 2, past ``sys.stderr``.
+  Both say what the save's own exception says.  File descriptor 2 goes to a
+  temporary file while the checkpoint is written and is replayed after it,
+  less those echoes; after a failure the remaining writes are given a moment
+  to fail, so their echoes land in the file too."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(logging.CRITICAL)
+  sys.stderr.flush()
+  saved = os.dup(2)
+  capture = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
+  os.dup2(capture.fileno(), 2)
+  try:
+    yield
+  except BaseException:
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # "never retrieved" tasks
+    _wait_until_quiet(capture)
+    raise
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    logger.setLevel(level)
+    capture.seek(0)
+    rest = _without_echoes(capture.read().decode("utf-8", "replace"))
+    capture.close()
+    if rest:
+      sys.stderr.write(rest)
+      sys.stderr.flush()
+
+
+def _wait_until_quiet(capture, settle: float = 0.2, limit: float = 2.0) -> None:
+  """Until ``capture`` stopped growing for ``settle`` seconds (at most ``limit``)."""
+  start = last_change = time.monotonic()
+  size = os.fstat(capture.fileno()).st_size
+  while time.monotonic() - start < limit:
+    time.sleep(0.02)
+    now = os.fstat(capture.fileno()).st_size
+    if now != size:
+      size, last_change = now, time.monotonic()
+    elif time.monotonic() - last_change >= settle:
+      return
+
+
+def _free_space_fault(directory: str, leaves) -> str | None:
+  """Whether the disk visibly lacks room for a checkpoint of ``leaves`` (with
+  a margin for orbax's metadata): cheaper and quieter than a failed write."""
+  need = 2 * sum(int(x.nbytes) for x in leaves) + (1 << 20)
+  try:
+    free = shutil.disk_usage(directory).free
+  except OSError:
+    return None
+  if free < need:
+    return f"no space left on device ({free:,} bytes free, about {need:,} needed)"
+  return None
+
+
 def _manager(directory: str, create: bool):
   import orbax.checkpoint as ocp
   options = ocp.CheckpointManagerOptions(
@@ -226,13 +315,17 @@ class Checkpointer:
             "cum_up": np.asarray(cum_up).tolist(),
             "cum_down": np.asarray(cum_down).tolist(),
             **(extra or {})}
+    fault = _free_space_fault(self.directory, leaves)
     try:
-      self._mngr.save(int(round_), force=True, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(dict(zip(_leaf_names(len(leaves)), leaves))),
-          host=ocp.args.JsonSave(host)))
-      self._mngr.wait_until_finished()
+      if fault is not None:
+        raise OSError(errno.ENOSPC, fault, self.directory)
+      with _quiet_writer_threads():
+        self._mngr.save(int(round_), force=True, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(dict(zip(_leaf_names(len(leaves)), leaves))),
+            host=ocp.args.JsonSave(host)))
+        self._mngr.wait_until_finished()
     except Exception as e:
-      fault = environment_fault(e)
+      fault = fault or environment_fault(e)
       if fault is None:
         raise
       raise CheckpointError(

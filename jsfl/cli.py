@@ -281,6 +281,12 @@ def _warn(problems) -> None:
     print(f"jsfl: warning: {msg}", file=sys.stderr)
 
 
+def _no_runs(paths, problems) -> str:
+  why = f" ({'; '.join(problems[:3])}{'; ...' if len(problems) > 3 else ''})" if problems else ""
+  return (f"no run with a usable metrics.jsonl in {' '.join(paths)}{why}; allowed: run "
+          "directories, or directories holding them")
+
+
 def cmd_report(args) -> int:
   from jsfl import report
   if args.last < 1:
@@ -293,9 +299,8 @@ def cmd_report(args) -> int:
                               paired_with=args.paired)
   except ValueError as e:
     return _fail(str(e))
-  if not rep.rows:  # the one line says it all; the per-path notes would repeat it
-    return _fail(f"no run with a usable metrics.jsonl in {' '.join(args.paths)}; allowed: "
-                 "run directories, or directories holding them")
+  if not rep.rows:  # one line, the notes on each path folded into it
+    return _fail(_no_runs(args.paths, rep.problems))
   _warn(rep.problems)
   print(report.to_markdown(rep))
   if args.out:
@@ -318,8 +323,7 @@ def cmd_plot(args) -> int:
     print(f"jsfl: error: {e}", file=sys.stderr)
     return 1
   if not pngs:
-    return _fail(f"no run with a usable metrics.jsonl in {' '.join(args.paths)}; allowed: "
-                 "run directories, or directories holding them")
+    return _fail(_no_runs(args.paths, problems))
   _warn(problems)
   for p in pngs:
     print(p)

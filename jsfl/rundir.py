@@ -46,13 +46,27 @@ def _clean(obj):
   return obj
 
 
-def write_json_atomic(path: str, obj) -> None:
+def _replace_atomic(path: str, write) -> None:
+  """``write(f)`` into a temporary file beside ``path``, then rename it over
+  ``path``; on any failure (a full disk) the temporary file is removed and
+  ``path`` stays as it was."""
   tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(_clean(obj), f, indent=1)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      write(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+    raise
+
+
+def write_json_atomic(path: str, obj) -> None:
+  _replace_atomic(path, lambda f: json.dump(_clean(obj), f, indent=1))
 
 
 def check_target(out_dir: str, name: str, exact: str = "") -> None:
@@ -283,10 +297,5 @@ def truncate_metrics(path: str, last_round: int) -> list[dict]:
   dropped with the later rounds.  A missing file counts as empty.
   """
   kept, lines = _records_upto(path, last_round)
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.writelines(lines)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  _replace_atomic(path, lambda f: f.writelines(lines))
   return kept

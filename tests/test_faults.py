@@ -289,3 +289,44 @@ def test_summary_keeps_its_shape_after_one_evaluation(runs):
   for k in ("accuracy", "loss", "pg", "bw"):
     assert set(summ[k]) == {"median", "std", "per_seed", "seeds"}
   assert np.isfinite(summ["accuracy"]["median"])
+
+
+def test_a_disk_without_room_for_a_checkpoint_is_caught_before_writing(
+    tmp_path, monkeypatch, capsys):
+  out = str(tmp_path / "r")
+  usage = shutil.disk_usage
+
+  def nearly_full(path):
+    got = usage(path)
+    return got._replace(free=1000) if "checkpoints" in str(path) else got
+  monkeypatch.setattr(checkpoint.shutil, "disk_usage", nearly_full)
+  assert cli.main(["run", *SYN, "run.rounds=2", f"run.dir={out}", "--quiet"]) == 2
+  line = _one_error_line(capsys)
+  assert "checkpoint of round 2 could not be written" in line and "1,000 bytes free" in line
+  assert os.listdir(f"{out}/checkpoints") == []  # nothing half-written
+  assert len(rundir.read_metrics(f"{out}/metrics.jsonl")) == 2
+
+
+def test_the_echoes_of_failed_writers_are_dropped_and_the_rest_kept():
+  echo = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+          "    g()\nRuntimeError: Event loop is closed\n")
+  other = "Traceback (most recent call last):\n  File \"y.py\", line 2\nValueError: real\n"
+  assert checkpoint._without_echoes(echo + "a line\n" + echo + other + echo) == (
+      "a line\n" + other)
+
+
+def test_file_descriptor_2_is_replayed_after_a_save(tmp_path):
+  """What C++ threads print to fd 2 during a save comes out after it, less the
+  echoes; the descriptor is restored."""
+  script = textwrap.dedent("""
+      import os, sys
+      from jsfl import checkpoint
+      with checkpoint._quiet_writer_threads():
+        os.write(2, b"kept\\n")
+        os.write(2, b"Traceback (most recent call last):\\n  x\\n"
+                    b"RuntimeError: Event loop is closed\\n")
+      os.write(2, b"after\\n")
+  """)
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert proc.returncode == 0 and proc.stderr == "kept\nafter\n"
