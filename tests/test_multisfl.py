@@ -99,6 +99,52 @@ def test_fgn_and_proportion_hand_cases():
 K_S, L_S, N_S = 12, 5, 4
 
 
+def test_authors_proportion_rules_hand_cases():
+  clp = lambda p, d: float(multisfl.clp_proportion(jnp.float32(p), d, 0.01, 0.2, 0.01))
+  seq, p = [], 0.01
+  for _ in range(8):  # a critical period throughout: doubling, then +0.01
+    p = clp(p, 1.0)
+    seq.append(p)
+  np.testing.assert_allclose(seq, [0.02, 0.04, 0.08, 0.16, 0.2, 0.21, 0.22, 0.23], rtol=1e-6)
+  np.testing.assert_allclose([clp(0.16, 0.0), clp(0.03, -0.5), clp(0.012, -1.0)],
+                             [0.08, 0.015, 0.01], rtol=1e-6)  # halved to the floor
+  hist = jnp.zeros(11)
+  for g in (1.0, 2.0):  # the zero padding: every early round is critical
+    hist = multisfl.push_signal(hist, jnp.float32(g))
+    assert float(multisfl.windowed_change(hist)) > 0
+  full = jnp.arange(1.0, 12.0)  # newest 11 > oldest 1: (mean 2..11 - mean 1..10) / mean 1..10
+  np.testing.assert_allclose(multisfl.windowed_change(full), 1.0 / 5.5, rtol=1e-6)
+  assert float(multisfl.windowed_change(full.at[-1].set(0.5))) < 0
+  rel = lambda p, d, r: float(multisfl.relative_proportion(
+      jnp.float32(p), jnp.float32(d), jnp.int32(r), 0.01, 0.05))
+  assert rel(0.1, 0.5, 0) == pytest.approx(0.1)        # round 0: unchanged
+  assert rel(0.1, 0.5, 3) == pytest.approx(0.15)
+  assert rel(0.02, -0.9, 3) == pytest.approx(0.01)     # floor 0.01 up to round 10
+  assert rel(0.02, -0.9, 11) == pytest.approx(0.05)    # then 0.05
+
+
+def test_authors_score_recursion_and_rounding_hand_cases():
+  sv, w = jnp.zeros(3), jnp.float32(0.0)
+  sv, w, _ = multisfl.update_scores_authors(sv, w, jnp.array([4, 0, 2]), 0.5)
+  np.testing.assert_allclose(sv, [4, 0, 2])
+  np.testing.assert_allclose(w, 1.0)
+  sv, w, _ = multisfl.update_scores_authors(sv, w, jnp.array([0, 2, 2]), 0.5)
+  np.testing.assert_allclose(sv, np.array([2, 2, 3]) / 1.5, rtol=1e-6)
+  np.testing.assert_allclose(w, 1.5)
+  sv, w, _ = multisfl.update_scores_authors(sv, w, jnp.array([0, 0, 0]), 0.5)
+  # the normalised score is decayed again: (0.5 [2, 2, 3] / 1.5) / 1.75, where
+  # Eq. 2 gives (0.25 [4, 0, 2] + 0.5 [0, 2, 2]) / 1.75
+  np.testing.assert_allclose(sv, np.array([2, 2, 3]) * 0.5 / 1.5 / 1.75, rtol=1e-6)
+  np.testing.assert_allclose(w, 1.75)
+  # priors [3, 1, 0, 0] (shares 0.75, 0.25); |D| p = 107 * 0.1 = 10.7
+  q = lambda p, m, rounding: np.asarray(multisfl.quotas(
+      jnp.array([0.0, 2, 4, 6]), jnp.int32(107), p, m, rounding)).tolist()
+  assert q(0.1, 0, "spec") == [8, 2, 0, 0]      # floor(8.025), floor(2.675)
+  assert q(0.1, 0, "authors") == [7, 2, 0, 0]   # int(10.7) = 10 first: 7.5, 2.5
+  assert q(0.01, 4, "authors") == [3, 1, 0, 0]  # max(L = 4, int(1.07))
+  assert q(0.01, 0, "spec") == [0, 0, 0, 0]
+
+
 def _sampler_case(seed):
   """Random holdings (some classes scarce), active clients and quotas."""
   rng = np.random.default_rng(seed)
@@ -181,20 +227,31 @@ def test_step_shares_use_every_replay_sample_once():
 # ---------------------------------------------- MultiSFL loop equivalence
 MS_SIZES = [13, 7, 20, 5, 9, 11, 6]
 MS_DATA = make_fed_data(MS_SIZES, seed=1)
+SPEC = multisfl.SPEC_READING  # the cases below were written for SPEC 4's reading
 CASES = {
     # replay with the adaptive proportion; cut 1 puts a BatchNorm conv stage in
     # the server portion, so replay and main features share a BN batch
     "adaptive": {"cut": 1, "rounds": 2,
-                 "opts": {"p0": 0.3, "p_min": 0.05, "p_max": 0.7}},
+                 "opts": {**SPEC, "p0": 0.3, "p_min": 0.05, "p_max": 0.7}},
     # Conf2 with two local epochs (the same replay shares every epoch)
     "fixed-E2": {"cut": 1, "rounds": 1, "local_epochs": 2, "client_exec": "map",
-                 "opts": {"replay": "fixed", "p0": 0.5}},
+                 "opts": {**SPEC, "replay": "fixed", "p0": 0.5}},
     # Conf1
-    "off": {"cut": 1, "rounds": 1, "opts": {"replay": "off"}},
+    "off": {"cut": 1, "rounds": 1, "opts": {**SPEC, "replay": "off"}},
     # the authors' request floor: |D_i| p < 1 here, so every replayed sample
     # is there because of min_request
     "floor": {"cut": 1, "rounds": 2,
-              "opts": {"p0": 0.01, "p_min": 0.01, "p_max": 0.04, "min_request": 6}},
+              "opts": {**SPEC, "p0": 0.01, "p_min": 0.01, "p_max": 0.04,
+                       "min_request": 6}},
+    # the authors' defaults: CLP rule on their gradient signal (a 2-round
+    # window, so round 2 already compares against a real round), their score
+    # recursion, request floor L and rounding
+    "authors": {"cut": 1, "rounds": 3, "opts": {"p0": 0.05, "p_max": 0.6,
+                                                 "p_threshold": 0.08, "clp_window": 2}},
+    # the --DB 2 rule on -FGN, two local epochs
+    "relative-E2": {"cut": 1, "rounds": 3, "local_epochs": 2,
+                    "opts": {"p_rule": "relative", "grad_signal": "spec", "p0": 0.2,
+                             "p_max": 0.7, "clp_window": 1}},
 }
 
 
@@ -240,6 +297,7 @@ def ref_multisfl(setup, data, key, rounds):
   num, den = np.zeros((n, L)), 0.0
   p = 0.0 if o.replay == "off" else o.p0
   fgn_prev, hist = 0.0, []
+  signals = [0.0] * (o.clp_window + 1)         # the authors pad the history with zeros
   decide = ms_decide(setup)
   for r in range(rounds):
     st = st0.replace(round=jnp.int32(r), p=jnp.float32(p),
@@ -248,21 +306,28 @@ def ref_multisfl(setup, data, key, rounds):
     d = decide(st, jax.random.fold_in(key, r))
     clients, idx, mask = np.asarray(d.clients), np.asarray(d.idx), np.asarray(d.mask)
     ridx, rmask, lr = np.asarray(d.ridx), np.asarray(d.rmask), float(d.lr)
-    # Eqs. 2-4, looped
-    num = o.gamma * num + counts[clients]
-    den = o.gamma * den + 1.0
+    # Eqs. 2-4 (or the authors' recursion and rounding), looped
+    if o.score_update == "eq2":
+      num = o.gamma * num + counts[clients]
+      den = o.gamma * den + 1.0
+    else:  # num holds the normalised score, den the weight w
+      den = o.gamma * den + 1.0
+      num = (o.gamma * num + counts[clients]) / den
     quota = np.zeros((n, L), int)
     for i in range(n):
-      sv = num[i] / den
+      sv = num[i] / den if o.score_update == "eq2" else num[i]
       prior = np.maximum(0.0, sv.mean() - sv)
       if prior.sum() > 0 and o.replay != "off":
-        request = max(o.min_request, sizes[clients[i]] * np.float32(p))
+        request = sizes[clients[i]] * np.float32(p)
+        if o.request_rounding == "authors":
+          request = np.floor(request)
+        request = max(o.min_request, request)
         quota[i] = np.floor(request * prior / prior.sum())
     np.testing.assert_array_equal(np.asarray(d.quota), quota)
     f1, fs1 = list(p1), list(s1)                  # frozen round-start copies
     b1 = [zeros_like(p1[0]) for _ in range(n)]
     gsum = [zeros_like(p2[0]) for _ in range(n)]
-    steps, lsum, cnt = np.zeros(n), 0.0, 0
+    steps, lsum, cnt, sqs = np.zeros(n), 0.0, 0, np.zeros(n)
     for i in range(n):
       for t in range(idx.shape[0]):
         m = mask[t, i]
@@ -284,6 +349,8 @@ def ref_multisfl(setup, data, key, rounds):
         p2[i], b2[i] = ref_sgd(p2[i], g2, b2[i], lr, setup)
         s2[i] = ns2
         g1 = ref_bwd(model, p1[i], s1[i], x, m, ga[:len(m)])
+        sqs[i] += sum(2 * float(jnp.sum(g ** 2)) for g in jax.tree.leaves(g1)) + sum(
+            float(jnp.sum(g ** 2)) for g in jax.tree.leaves(g2))
         p1[i], b1[i] = ref_sgd(p1[i], g1, b1[i], lr, setup)
         s1[i] = ns1
         lsum += float(loss) * m_all.sum()
@@ -293,15 +360,31 @@ def ref_multisfl(setup, data, key, rounds):
           for i in range(n)]
     fgn_now = float(np.mean([-lr * s for s in sq]))
     p_used = p
-    if o.replay == "adaptive" and r > 0 and fgn_prev != 0:
-      p = float(np.clip(p * (1 + (fgn_now - fgn_prev) / abs(fgn_prev)), o.p_min, o.p_max))
+    g = (float(np.mean(lr * sqs / setup.local_epochs)) if o.grad_signal == "authors"
+         else -fgn_now)
+    signals = signals[1:] + [g]
+    old = max(np.mean(signals[:-1]), 1e-7)
+    delta = (np.mean(signals[1:]) - old) / old
+    if o.replay != "adaptive":
+      pass
+    elif o.p_rule == "spec":
+      if r > 0 and fgn_prev != 0:
+        p = float(np.clip(p * (1 + (fgn_now - fgn_prev) / abs(fgn_prev)), o.p_min, o.p_max))
+    elif o.p_rule == "clp":
+      if delta > 0:
+        p = p + o.p_step if p >= o.p_threshold else min(o.p_threshold, 2 * p)
+      else:
+        p = max(o.p_min, p / 2)
+      p = min(p, o.p_max)
+    elif r != 0:  # relative
+      p = min(max(o.p_late_min if r > 10 else o.p_min, p * (1 + delta)), o.p_max)
     fgn_prev = fgn_now
     # master and pull-back
     for lst in (p1, s1, p2, s2):
       master = ref_avg(lst, np.ones(n))
       lst[:] = [jax.tree.map(lambda w, mw: (w + o.alpha * mw) / (1 + o.alpha), w_i, master)
                 for w_i in lst]
-    hist.append({"loss": lsum / cnt, "p": p_used, "fgn": fgn_now, "quota": quota,
+    hist.append({"loss": lsum / cnt, "p": p_used, "fgn": fgn_now, "signal": g, "quota": quota,
                  "served": np.asarray(d.served), "clients": clients})
   return (p1, s1, p2, s2, p, num, den), hist
 
@@ -324,11 +407,16 @@ def test_multisfl_equals_loop(case):
     chex.assert_trees_all_close(take(state.part2, i), p2[i], **TOL)
     chex.assert_trees_all_close(take(state.part2_stats, i), s2[i], **TOL)
   np.testing.assert_allclose(float(state.p), p, rtol=1e-5)
-  np.testing.assert_allclose(state.score_num / state.score_den, num / den, rtol=1e-6)
+  if multisfl.options(setup).score_update == "eq2":
+    np.testing.assert_allclose(state.score_num / state.score_den, num / den, rtol=1e-6)
+  else:
+    np.testing.assert_allclose(state.score_num, num, rtol=1e-6)
+    np.testing.assert_allclose(state.score_den, den, rtol=1e-6)
   for m, h in zip(ms, hist):
     np.testing.assert_allclose(m["loss"], h["loss"], **TOL)
     np.testing.assert_allclose(m["p"], h["p"], rtol=1e-6)
     np.testing.assert_allclose(m["fgn"], h["fgn"], rtol=1e-4)
+    np.testing.assert_allclose(m["grad_signal"], h["signal"], rtol=1e-4)
     np.testing.assert_array_equal(m["replay_requested"], h["quota"])
     np.testing.assert_array_equal(m["replay_served"], h["served"])
     np.testing.assert_array_equal(m["clients"], h["clients"])
@@ -342,9 +430,15 @@ def test_multisfl_equals_loop(case):
     assert sum(int(m["replay_samples"]) for m in ms) > 0
     if case == "adaptive":   # p_1 = p_0, then FGN moves it
       assert ms[0]["p_next"] == ms[0]["p"] and ms[1]["p_next"] != ms[1]["p"]
+    if case == "authors":    # the zero-padded window: p doubles at once, up to 0.08
+      assert ms[0]["p_next"] == pytest.approx(0.08)
+      assert all(m["p_next"] != m["p"] for m in ms)
+    if case == "relative-E2":  # round 0 keeps p, later rounds move it
+      assert ms[0]["p_next"] == ms[0]["p"] and ms[1]["p_next"] != ms[1]["p"]
 
 
-@pytest.mark.parametrize(("case", "p"), [("adaptive", 0.7), ("floor", 0.04)])
+@pytest.mark.parametrize(("case", "p"), [("adaptive", 0.7), ("floor", 0.04),
+                                         ("authors", 0.6), ("authors", 0.01)])
 def test_decide_never_replays_active_clients_and_fills_quotas(case, p):
   setup = ms_setup(case)
   data = MS_DATA

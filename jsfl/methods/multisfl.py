@@ -32,9 +32,13 @@ axis.  One round (one jitted program, no host round trip):
    computed by the frozen round-start copy of ``wc_i``; the loss is the
    cross-entropy over the concatenation; only the main client's features
    send a gradient back to ``wc_i``.
-5. FGN (Eq. 5, SPEC 4.6) from every branch's server-portion gradient averaged
-   over its steps, and the next sampling proportion
-   ``p_{r+1} = clip(p_r (1 + (FGN(r) - FGN(r-1)) / |FGN(r-1)|), p_min, p_max)``.
+5. The next sampling proportion from a gradient signal (``p_rule``): by
+   default the authors' critical-learning-period rule (their ``--DB 1``) on
+   their signal, ``lr`` times the mean over epochs of the summed per-step
+   ``2|g_c|^2 + |g_s|^2`` (:func:`signal`, :func:`windowed_change`,
+   :func:`clp_proportion`); ``relative`` is their ``--DB 2``; ``spec`` is
+   SPEC 4.6 on FGN (Eq. 5), ``clip(p_r (1 + (FGN(r) - FGN(r-1)) /
+   |FGN(r-1)|), p_min, p_max)``.
 6. Aggregation: master ``w = mean_i w_i`` (parameters and BatchNorm
    statistics, both portions), pull-back ``w_i <- (w_i + alpha w) / (1 + alpha)``.
    The mean of the pulled-back branches is the master again, so
@@ -45,9 +49,13 @@ Ablations (KoReA-SFL Table 2): ``replay = "off"`` is Conf1 (no knowledge
 replay), ``replay = "fixed"`` is Conf2 (replay with the constant proportion
 ``p0``), ``replay = "adaptive"`` (default) is MultiSFL.
 
-Decisions where SPEC 4 is silent (the authors' code,
-github.com/CodeFree-xzk/MultiSFL, consulted; where it differs from SPEC, SPEC
-wins):
+The authors' code (github.com/CodeFree-xzk/MultiSFL) is the reference for
+behaviour: the proportion rule and its signal, the score recursion
+(``score_update``), the request floor ``L`` (``min_request = -1``) and its
+rounding (``request_rounding``) follow it by default, SPEC 4's reading being
+:data:`SPEC_READING`; ``docs/methods-multisfl.md`` tabulates every
+difference.  The remaining decisions (where SPEC 4 is silent or jsfl does
+not yet follow the authors):
 
 * All branches start from the same initial model (the authors deep-copy one
   model into every branch).
@@ -68,12 +76,10 @@ wins):
 * An assistant is drawn at most once per branch and round (random order
   without replacement); different branches draw independently and may share
   assistants.
-* ``min_request`` (default 0, SPEC 4) is an option, not a default: the
-  authors' code requests ``max(L, |D_i| p_r)`` features per branch and round,
-  which keeps replay alive where ``|D_i| p_r`` is a handful of samples
-  (small clients at ``p_min = 0.01``); ``method.min_request = L`` gives that.
-* ``p_1 = p_0`` (FGN(-1) does not exist), and p is kept when ``FGN(r-1) = 0``
-  or the update is not finite.  ``eta`` in FGN is the round's learning rate;
+* ``p_max`` caps every rule: it sizes the static replay buffer (the
+  authors' ``--DB 1`` has no cap above 0.2 but +0.01 a round).
+* With ``p_rule = "spec"``: ``p_1 = p_0`` (FGN(-1) does not exist), and p is
+  kept when ``FGN(r-1) = 0`` or the update is not finite.  ``eta`` in FGN is the round's learning rate;
   ``g_i`` is the loss gradient (without weight decay) w.r.t. ``ws_i``.
 * Master aggregation is uniform over branches (SPEC 4.7, the authors' code).
 * Each branch keeps its server optimiser state (momentum) across rounds
@@ -84,7 +90,8 @@ wins):
   the replayed ones).
 
 Logged decisions (metrics): ``clients`` (the main client of branch i at
-position i), ``p`` (p_r used), ``p_next``, ``fgn``, ``replay_requested`` and
+position i), ``p`` (p_r used), ``p_next``, ``fgn``, ``grad_signal`` (the
+round's signal the proportion rule compares), ``replay_requested`` and
 ``replay_served`` ``(n, L)`` per branch and class (one epoch's replay list),
 ``assistants`` ``(n,)``, ``replay_samples``, and ``bytes_up`` / ``bytes_down``
 of the round including replay features and labels (up), the model dispatch
@@ -117,6 +124,10 @@ from jsfl.methods.base import (
 from jsfl.options import Option
 
 REPLAY_MODES = ("adaptive", "fixed", "off")
+P_RULES = ("clp", "relative", "spec")
+GRAD_SIGNALS = ("authors", "spec")
+SCORE_UPDATES = ("authors", "eq2")
+ROUNDINGS = ("authors", "spec")
 
 # Each option's own range; ``validate`` keeps the check between them
 # (p_min <= p0 <= p_max with adaptive replay).  min_request sizes a static
@@ -134,11 +145,45 @@ OPTIONS = {
     "gamma": Option(float, 0.5, "score-vector decay, 0 < gamma < 1", range="(0, 1)"),
     "alpha": Option(float, 0.1, "pull-back weight of the master model (0 = none)",
                     range="[0, inf)"),
-    "min_request": Option(int, 0, ("smallest total replay request of a branch and round: "
-                                   "max(min_request, |D_i| p_r) (0 = SPEC 4; the authors' "
-                                   "code uses the number of classes)"),
-                          range="[0, 1000000]"),
+    "min_request": Option(int, -1, ("smallest total replay request of a branch and round: "
+                                    "max(min_request, |D_i| p_r); -1 = the number of "
+                                    "classes L (the authors' code), 0 = none (SPEC 4.4)"),
+                          range="[-1, 1000000]"),
+    "p_rule": Option(str, "clp", ("how the adaptive proportion moves: clp = the authors' "
+                                  "critical-learning-period rule (--DB 1: doubled up to "
+                                  "p_threshold, then + p_step, while the windowed gradient "
+                                  "signal rises; else halved), relative = the authors' "
+                                  "--DB 2 (p (1 + relative change of the windowed signal), "
+                                  "floored at p_min, at p_late_min after round 10), spec = "
+                                  "SPEC 4.6 / the paper's Eq. 6 on FGN"), P_RULES),
+    "grad_signal": Option(str, "authors", ("the gradient signal clp / relative compare: "
+                                           "authors = lr * mean over epochs of the summed "
+                                           "per-step 2|g_client|^2 + |g_server|^2 (as their "
+                                           "code sums it), mean over branches; spec = "
+                                           "-FGN = lr |mean server gradient|^2"),
+                          GRAD_SIGNALS),
+    "clp_window": Option(int, 10, "rounds in each of the two windows the clp and relative "
+                         "rules compare", range="[1, 1000]"),
+    "p_threshold": Option(float, 0.2, "clp: doubling stops here; above it p grows by "
+                          "p_step", range="(0, 1]"),
+    "p_step": Option(float, 0.01, "clp: the growth of p above p_threshold",
+                     range="[0, 1]"),
+    "p_late_min": Option(float, 0.05, "relative: the floor of p after round 10",
+                         range="[0, 1]"),
+    "score_update": Option(str, "authors", ("score vectors: authors = their recursion "
+                                            "w <- gamma w + 1, sv <- (gamma sv + L_i[r]) / w "
+                                            "on the normalised sv; eq2 = the paper's Eq. 2 "
+                                            "(SPEC 4.3)"), SCORE_UPDATES),
+    "request_rounding": Option(str, "authors", ("per-class quota: authors = "
+                                                "floor(floor(total) share_c); spec = "
+                                                "floor(total share_c) (SPEC 4.4)"),
+                               ROUNDINGS),
 }
+
+# The options that give SPEC 4's reading where the authors' code differs
+# (the experiments README reproduces the earlier SPEC-default results with it).
+SPEC_READING = {"p_rule": "spec", "score_update": "eq2", "min_request": 0,
+                "request_rounding": "spec"}
 
 
 class Options(NamedTuple):
@@ -151,11 +196,21 @@ class Options(NamedTuple):
   gamma: float
   alpha: float
   min_request: int
+  p_rule: str
+  grad_signal: str
+  clp_window: int
+  p_threshold: float
+  p_step: float
+  p_late_min: float
+  score_update: str
+  request_rounding: str
 
 
 def options(setup: Setup) -> Options:
-  """The run's :class:`Options` from ``setup.options``."""
-  return Options(*(setup.option(k, OPTIONS[k][1]) for k in Options._fields))
+  """The run's :class:`Options` from ``setup.options`` (``min_request = -1``
+  resolved to the number of classes)."""
+  o = Options(*(setup.option(k, OPTIONS[k][1]) for k in Options._fields))
+  return o._replace(min_request=setup.num_classes) if o.min_request == -1 else o
 
 
 def validate(setup: Setup) -> None:
@@ -170,7 +225,8 @@ def validate(setup: Setup) -> None:
   if not 0 <= o.p0 <= 1:
     raise ValueError(f"method.p0={o.p0!r}; allowed: a float in [0, 1]")
   if o.min_request < 0:   # the config layer has already checked it is an int
-    raise ValueError(f"method.min_request={o.min_request!r}; allowed: an int >= 0")
+    raise ValueError(f"method.min_request={o.min_request!r}; allowed: -1 (= L) or an "
+                     "int >= 0")
   if o.replay == "adaptive" and not 0 < o.p_min <= o.p0 <= o.p_max <= 1:
     raise ValueError(f"method.p_min={o.p_min!r}, p0={o.p0!r}, p_max={o.p_max!r}; "
                      "allowed: 0 < p_min <= p0 <= p_max <= 1")
@@ -210,6 +266,8 @@ class State:
   score_den: jax.Array   # () sum_j gamma^(r-j)
   p: jax.Array           # () sampling proportion of the next round
   fgn_prev: jax.Array    # () FGN of the last round
+  g_hist: jax.Array      # (W + 1,) gradient signal of the last W + 1 rounds, oldest
+                         # first; zeros before round 0 (as the authors pad it)
   round: jax.Array
 
 
@@ -226,7 +284,9 @@ def init(setup: Setup, key) -> State:
                part2, common.broadcast(stats[c:], n), jax.vmap(tx.init)(part2),
                jnp.zeros((n, setup.num_classes), jnp.float32),
                jnp.zeros((), jnp.float32), jnp.asarray(p0, jnp.float32),
-               jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+               jnp.zeros((), jnp.float32),
+               jnp.zeros((options(setup).clp_window + 1,), jnp.float32),
+               jnp.zeros((), jnp.int32))
 
 
 # ------------------------------------------------------- knowledge replay
@@ -247,12 +307,29 @@ def update_scores(num, den, counts, gamma):
   return num, den, num / den
 
 
+def update_scores_authors(sv, w, counts, gamma):
+  """The authors' score recursion: ``w <- gamma w + 1``,
+  ``sv <- (gamma sv + L_i[r]) / w`` on the already normalised ``sv``.
+
+  Unlike Eq. 2 it decays the previous score twice (once by gamma, once
+  through the normalisation), so the previous round's weight relative to the
+  current one is gamma, then 1/3, then tends to gamma^2 (0.25 at gamma 0.5).
+
+  Returns:
+    ``(sv, w, sv)``: the state's ``(score_num, score_den)`` hold ``sv`` and
+    ``w`` under this rule, and the score vectors.
+  """
+  w = gamma * w + 1.0
+  sv = (gamma * sv + counts.astype(jnp.float32)) / w
+  return sv, w, sv
+
+
 def priorities(sv):
   """Eq. 3: ``prior_c = max(0, mean(sv) - sv[c])`` along the last axis."""
   return jnp.maximum(0.0, jnp.mean(sv, axis=-1, keepdims=True) - sv)
 
 
-def quotas(sv, size, p, min_request=0):
+def quotas(sv, size, p, min_request=0, rounding="spec"):
   """Eq. 4: ``q_c = floor(|D_i| p prior_c / sum_c prior_c)``; 0 if all priors are 0.
 
   With ``min_request = m > 0`` the total ``|D_i| p`` becomes ``max(m, |D_i| p)``
@@ -264,6 +341,8 @@ def quotas(sv, size, p, min_request=0):
     size: the main client's sample count ``|D_i|``.
     p: the round's sampling proportion.
     min_request: smallest total request ``m`` (static int).
+    rounding: ``"spec"`` floors ``total * share_c``; ``"authors"`` floors the
+      total first (``max(m, int(|D_i| p))``), then ``total * share_c``.
 
   Returns:
     ``(L,)`` int32 samples requested per class.
@@ -272,6 +351,8 @@ def quotas(sv, size, p, min_request=0):
   total = jnp.sum(prior)
   share = jnp.where(total > 0, prior / jnp.where(total > 0, total, 1.0), 0.0)
   request = size.astype(jnp.float32) * p
+  if rounding == "authors":  # int(|D_i| p) first, then each class's share of it
+    request = jnp.floor(request)
   if min_request:
     request = jnp.maximum(request, jnp.float32(min_request))
   return jnp.floor(request * share).astype(jnp.int32)
@@ -423,6 +504,47 @@ def next_proportion(p, fgn_now, fgn_prev, has_prev, p_min, p_max):
   return jnp.where(ok, new, p)
 
 
+def push_signal(hist, g):
+  """The signal history with this round's ``g`` appended (oldest dropped)."""
+  return jnp.concatenate([hist[1:], jnp.reshape(g, (1,)).astype(hist.dtype)])
+
+
+def windowed_change(hist):
+  """The authors' CLP test on ``hist`` (W + 1 rounds, newest last): the
+  relative change from the mean of the W rounds before the newest to the
+  mean of the last W (old mean floored at 1e-7).  It is positive exactly
+  when the newest signal exceeds the one W rounds earlier; the zeros padding
+  the first W rounds make every early round a critical one."""
+  old = jnp.maximum(jnp.mean(hist[:-1]), 1e-7)
+  return (jnp.mean(hist[1:]) - old) / old
+
+
+def clp_proportion(p, delta, p_min, p_threshold, p_step):
+  """The authors' ``--DB 1`` rule: in a critical learning period (``delta >
+  0``) p doubles up to ``p_threshold``, then grows by ``p_step`` a round;
+  otherwise it halves, down to ``p_min``."""
+  grow = jnp.where(p >= p_threshold, p + p_step, jnp.minimum(p_threshold, 2.0 * p))
+  return jnp.where(delta > 0, grow, jnp.maximum(p_min, p / 2.0))
+
+
+def relative_proportion(p, delta, round_, p_min, p_late_min):
+  """The authors' ``--DB 2`` rule: ``p (1 + delta)``, floored at ``p_min``
+  in rounds 1-10 and at ``p_late_min`` later; unchanged after round 0."""
+  floor = jnp.where(round_ > 10, p_late_min, p_min)
+  return jnp.where(round_ != 0, jnp.maximum(floor, p * (1.0 + delta)), p)
+
+
+def signal(sq_sums, lr, local_epochs):
+  """The authors' gradient signal of a round: per branch ``lr`` times the
+  mean over epochs of the epoch's summed per-step ``2|g_c|^2 + |g_s|^2``,
+  then the mean over branches."""
+  return jnp.mean(lr * sq_sums / local_epochs)
+
+
+def sq_norm(tree):
+  return sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(tree))
+
+
 # ------------------------------------------------------------ the round
 class Decisions(NamedTuple):
   """A round's random and data-dependent decisions, before any training."""
@@ -457,7 +579,8 @@ def decide(setup: Setup, state: State, data, key) -> Decisions:
   idx, mask = plan.idx[:, perm], plan.mask[:, perm]
   holdings = client_holdings(data["table"], data["sizes"], data["y"], L)
   counts = holdings[clients]
-  num, den, sv = update_scores(state.score_num, state.score_den, counts, o.gamma)
+  update = update_scores_authors if o.score_update == "authors" else update_scores
+  num, den, sv = update(state.score_num, state.score_den, counts, o.gamma)
   cap, per_step = replay_sizes(setup)
   T = idx.shape[0]
   if cap == 0:
@@ -468,7 +591,8 @@ def decide(setup: Setup, state: State, data, key) -> Decisions:
     return Decisions(clients, sizes, idx, mask, counts, num, den, quota, take,
                      ridx, rmask, jnp.zeros((n, L), jnp.int32), plan.lr)
   pool, start = class_pool(k_pool, data["table"], data["sizes"], data["y"], L)
-  quota = jax.vmap(lambda s, z: quotas(s, z, state.p, o.min_request))(sv, sizes)
+  quota = jax.vmap(lambda s, z: quotas(s, z, state.p, o.min_request,
+                                      o.request_rounding))(sv, sizes)
   active = jnp.zeros(K, bool).at[clients].set(True)
   take = jax.vmap(lambda k, q: assistant_takes(k, holdings, active, q))(
       jax.random.split(k_take, n), quota)
@@ -487,7 +611,7 @@ def decide(setup: Setup, state: State, data, key) -> Decisions:
                    ridx, rmask, served, plan.lr)
 
 
-def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, f1, fs1,
+def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, sqsum, f1, fs1,
                 idx, mask, ridx, rmask):
   """One split step of one branch with its replay share (Algorithm 1, lines
   18-20).
@@ -497,13 +621,16 @@ def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, f1, fs1,
     p1, s1, o1: the branch's client portion, BN statistics, optimiser state.
     p2, s2, o2: its server portion, BN statistics, optimiser state.
     gsum: running sum of the server-portion loss gradients (for FGN).
+    sqsum: running sum of ``2|g_client|^2 + |g_server|^2`` (the authors'
+      signal counts the client portion twice: their running total is not
+      reset between the two portions).
     f1, fs1: the frozen round-start client portion (replay features).
     idx, mask: ``(B,)`` the main client's batch.
     ridx, rmask: ``(R,)`` this step's replay share.
 
   Returns:
-    ``(p1, s1, o1, p2, s2, o2, gsum, loss_sum, samples)``; a no-op on an empty
-    main batch.
+    ``(p1, s1, o1, p2, s2, o2, gsum, sqsum, loss_sum, samples)``; a no-op on
+    an empty main batch.
   """
   x, y = batching.gather(data, idx)
   active = jnp.any(mask)
@@ -524,8 +651,9 @@ def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, f1, fs1,
   s1 = common.gate(active, ns1, s1)
   s2 = common.gate(active, ns2, s2)
   gsum = jax.tree.map(lambda a, g: a + jnp.where(active, g, 0.0), gsum, g2)
+  sqsum = sqsum + jnp.where(active, 2.0 * sq_norm(g1) + sq_norm(g2), 0.0)
   count = jnp.where(active, jnp.sum(m_all), 0)
-  return p1, s1, o1, p2, s2, o2, gsum, loss * count, count
+  return p1, s1, o1, p2, s2, o2, gsum, sqsum, loss * count, count
 
 
 def pull_back(stacked, alpha):
@@ -573,39 +701,49 @@ def round(setup: Setup, state: State, data, key):
   part1, stats1 = state.part1, state.part1_stats
   with_lr = jax.vmap(lambda s: common.with_lr(s, d.lr))
   # Client-portion optimiser states are rebuilt every round, the server's kept.
+  n = setup.clients_per_round
   carry = (part1, stats1, with_lr(jax.vmap(tx.init)(part1)), state.part2,
            state.part2_stats, with_lr(state.server_opt),
-           jax.tree.map(jnp.zeros_like, state.part2))
+           jax.tree.map(jnp.zeros_like, state.part2), jnp.zeros((n,), jnp.float32))
 
   def step(carry, batch):
     out = map_clients(
         lambda *a: branch_step(setup, tx, data, *a), setup.client_exec,
         *carry, part1, stats1, *batch)
-    return out[:7], (jnp.sum(out[7]), jnp.sum(out[8]))
+    return out[:8], (jnp.sum(out[8]), jnp.sum(out[9]))
 
   carry, (lsums, counts) = common.scan_live(
       step, carry, (d.idx, d.mask, d.ridx, d.rmask),
       common.live_steps(d.mask, d.rmask))
-  p1, s1, _, p2, s2, opt2, gsum = carry
+  p1, s1, _, p2, s2, opt2, gsum, sqsum = carry
   steps = jnp.sum(jnp.any(d.mask, axis=2), axis=0)            # (n,)
   fgn_now = fgn(gsum, steps, d.lr)
-  if o.replay == "adaptive":
+  g_now = (signal(sqsum, d.lr, setup.local_epochs) if o.grad_signal == "authors"
+           else -fgn_now)
+  g_hist = push_signal(state.g_hist, g_now)
+  delta = windowed_change(g_hist)
+  if o.replay != "adaptive":
+    p_next = state.p
+  elif o.p_rule == "spec":
     p_next = next_proportion(state.p, fgn_now, state.fgn_prev, state.round > 0,
                              o.p_min, o.p_max)
-  else:
-    p_next = state.p
+  else:  # the authors' rules; p_max only bounds the static replay buffer
+    p_next = (clp_proportion(state.p, delta, o.p_min, o.p_threshold, o.p_step)
+              if o.p_rule == "clp" else
+              relative_proportion(state.p, delta, state.round, o.p_min, o.p_late_min))
+    p_next = jnp.minimum(p_next, o.p_max)
   new = state.replace(
       part1=pull_back(p1, o.alpha), part1_stats=pull_back(s1, o.alpha),
       part2=pull_back(p2, o.alpha), part2_stats=pull_back(s2, o.alpha),
       server_opt=opt2, score_num=d.score_num, score_den=d.score_den,
-      p=p_next, fgn_prev=fgn_now, round=state.round + 1)
+      p=p_next, fgn_prev=fgn_now, g_hist=g_hist, round=state.round + 1)
   samples = jnp.sum(d.mask)
   replay_samples = jnp.sum(d.rmask)
   assistants = jnp.sum(jnp.any(d.take > 0, axis=2), axis=1)   # (n,)
   up, down = round_bytes(setup, samples, jnp.sum(d.served), jnp.sum(assistants))
   metrics = {"loss": jnp.sum(lsums) / jnp.maximum(jnp.sum(counts), 1),
              "samples": samples, "clients": d.clients,
-             "p": state.p, "p_next": p_next, "fgn": fgn_now,
+             "p": state.p, "p_next": p_next, "fgn": fgn_now, "grad_signal": g_now,
              "replay_requested": d.quota, "replay_served": d.served,
              "assistants": assistants, "replay_samples": replay_samples,
              "bytes_up": up, "bytes_down": down}
