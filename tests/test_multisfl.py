@@ -290,7 +290,7 @@ def ref_multisfl(setup, data, key, rounds):
   s1 = [take(st0.part1_stats, i) for i in range(n)]
   p2 = [take(st0.part2, i) for i in range(n)]
   s2 = [take(st0.part2_stats, i) for i in range(n)]
-  b2 = [zeros_like(p2[0]) for _ in range(n)]     # server momentum persists
+  b2 = [zeros_like(p2[0]) for _ in range(n)]     # server momentum (server_opt="keep")
   table, sizes, y = (np.asarray(data[k]) for k in ("table", "sizes", "y"))
   counts = np.stack([np.bincount(y[table[k, :sizes[k]]], minlength=L)
                      for k in range(len(sizes))])
@@ -326,6 +326,8 @@ def ref_multisfl(setup, data, key, rounds):
     np.testing.assert_array_equal(np.asarray(d.quota), quota)
     f1, fs1 = list(p1), list(s1)                  # frozen round-start copies
     b1 = [zeros_like(p1[0]) for _ in range(n)]
+    if o.server_opt == "reset":
+      b2 = [zeros_like(p2[0]) for _ in range(n)]
     gsum = [zeros_like(p2[0]) for _ in range(n)]
     steps, lsum, cnt, sqs = np.zeros(n), 0.0, 0, np.zeros(n)
     for i in range(n):
@@ -450,7 +452,7 @@ def test_decide_never_replays_active_clients_and_fills_quotas(case, p):
   hold = np.stack([np.bincount(y[table[k, :sizes[k]]], minlength=4)
                    for k in range(len(sizes))])
   decide = ms_decide(setup)
-  requested = 0
+  requested, from_main = 0, 0
   for seed in range(3):
     d = jax.device_get(decide(st, jax.random.key(seed)))
     requested += int(d.quota.sum())
@@ -458,14 +460,20 @@ def test_decide_never_replays_active_clients_and_fills_quotas(case, p):
     active[d.clients] = True
     for i in range(3):
       rv = d.ridx[:, i][d.rmask[:, i]]
-      assert not active[owner[rv]].any()
+      # the clients that never assist branch i: all main clients, or its own
+      barred = active if multisfl.options(setup).assistants == "inactive" else (
+          np.arange(len(sizes)) == d.clients[i])
+      assert not barred[owner[rv]].any()
+      from_main += int(active[owner[rv]].sum())
       assert len(set(rv.tolist())) == len(rv)
-      want = np.minimum(d.quota[i], hold[~active].sum(0))
+      want = np.minimum(d.quota[i], hold[~barred].sum(0))
       np.testing.assert_array_equal(np.bincount(y[rv], minlength=4), want)
       np.testing.assert_array_equal(d.served[i], want)
       # replay only alongside the main client's existing batches
       assert not (d.rmask[:, i].any(1) & ~d.mask[:, i].any(1)).any()
   assert requested > 0   # the guard: the case does request replay
+  if multisfl.options(setup).assistants == "not_self":  # and other main clients assist
+    assert from_main > 0
 
 
 # ------------------------------------------- SFL-form baselines vs loops

@@ -75,16 +75,19 @@ not yet follow the authors):
   first batches).
 * An assistant is drawn at most once per branch and round (random order
   without replacement); different branches draw independently and may share
-  assistants.
+  assistants.  By default (``assistants = "not_self"``, the authors' code)
+  every client but the branch's own main client may assist, the other main
+  clients included; ``"inactive"`` keeps to the clients not training this
+  round (the paper, SPEC 4.4).
 * ``p_max`` caps every rule: it sizes the static replay buffer (the
   authors' ``--DB 1`` has no cap above 0.2 but +0.01 a round).
 * With ``p_rule = "spec"``: ``p_1 = p_0`` (FGN(-1) does not exist), and p is
   kept when ``FGN(r-1) = 0`` or the update is not finite.  ``eta`` in FGN is the round's learning rate;
   ``g_i`` is the loss gradient (without weight decay) w.r.t. ``ws_i``.
 * Master aggregation is uniform over branches (SPEC 4.7, the authors' code).
-* Each branch keeps its server optimiser state (momentum) across rounds
-  (SPEC 1.3); client-portion optimiser state is rebuilt every round.  The
-  authors rebuild both every round.
+* Both portions' optimiser states are rebuilt every round, as the authors'
+  code does (``server_opt = "reset"``); ``"keep"`` keeps each branch's server
+  momentum across rounds (SPEC 1.3).
 * ``loss`` in the metrics is the mean server loss over main and replay
   samples; ``samples`` counts main-client samples only (``replay_samples``
   the replayed ones).
@@ -128,6 +131,8 @@ P_RULES = ("clp", "relative", "spec")
 GRAD_SIGNALS = ("authors", "spec")
 SCORE_UPDATES = ("authors", "eq2")
 ROUNDINGS = ("authors", "spec")
+ASSISTANTS = ("not_self", "inactive")
+SERVER_OPTS = ("reset", "keep")
 
 # Each option's own range; ``validate`` keeps the check between them
 # (p_min <= p0 <= p_max with adaptive replay).  min_request sizes a static
@@ -178,12 +183,21 @@ OPTIONS = {
                                                 "floor(floor(total) share_c); spec = "
                                                 "floor(total share_c) (SPEC 4.4)"),
                                ROUNDINGS),
+    "assistants": Option(str, "not_self", ("who may assist a branch: not_self = every "
+                                           "client but the branch's own main client "
+                                           "(the authors' code; other main clients too), "
+                                           "inactive = only clients not training this "
+                                           "round (the paper, SPEC 4.4)"), ASSISTANTS),
+    "server_opt": Option(str, "reset", ("server-portion optimiser state: reset = rebuilt "
+                                        "every round like the client portion's (the "
+                                        "authors' code), keep = kept across rounds "
+                                        "(SPEC 1.3)"), SERVER_OPTS),
 }
 
 # The options that give SPEC 4's reading where the authors' code differs
 # (the experiments README reproduces the earlier SPEC-default results with it).
 SPEC_READING = {"p_rule": "spec", "score_update": "eq2", "min_request": 0,
-                "request_rounding": "spec"}
+                "request_rounding": "spec", "assistants": "inactive", "server_opt": "keep"}
 
 
 class Options(NamedTuple):
@@ -204,6 +218,8 @@ class Options(NamedTuple):
   p_late_min: float
   score_update: str
   request_rounding: str
+  assistants: str
+  server_opt: str
 
 
 def options(setup: Setup) -> Options:
@@ -361,15 +377,16 @@ def quotas(sv, size, p, min_request=0, rounding="spec"):
 def assistant_takes(key, holdings, active, quota):
   """Knowledge extraction of one branch: who contributes how many of each class.
 
-  Inactive clients are visited in a random order; each gives
+  The clients that may assist are visited in a random order; each gives
   ``min(outstanding quota, its holdings)`` of every class (Algorithm 1 lines
-  12-17), so a class's quota is filled exactly when the inactive clients hold
-  enough of it, and never exceeded.
+  12-17), so a class's quota is filled exactly when they hold enough of it,
+  and never exceeded.
 
   Args:
     key: PRNG key of the branch.
     holdings: ``(K, L)`` int label counts of every client.
-    active: ``(K,)`` bool, this round's main clients (never assistants).
+    active: ``(K,)`` bool, the clients that never assist this branch (this
+      round's main clients, or only the branch's own: ``assistants``).
     quota: ``(L,)`` int requested samples per class.
 
   Returns:
@@ -593,9 +610,12 @@ def decide(setup: Setup, state: State, data, key) -> Decisions:
   pool, start = class_pool(k_pool, data["table"], data["sizes"], data["y"], L)
   quota = jax.vmap(lambda s, z: quotas(s, z, state.p, o.min_request,
                                       o.request_rounding))(sv, sizes)
-  active = jnp.zeros(K, bool).at[clients].set(True)
-  take = jax.vmap(lambda k, q: assistant_takes(k, holdings, active, q))(
-      jax.random.split(k_take, n), quota)
+  if o.assistants == "inactive":
+    excluded = jnp.broadcast_to(jnp.zeros(K, bool).at[clients].set(True), (n, K))
+  else:  # only the branch's own main client stays out
+    excluded = jax.nn.one_hot(clients, K, dtype=bool)
+  take = jax.vmap(lambda k, q, ex: assistant_takes(k, holdings, ex, q))(
+      jax.random.split(k_take, n), quota, excluded)
   slots, valid = jax.vmap(lambda k, t: replay_slots(k, t, pool, start, holdings, cap))(
       jax.random.split(k_slots, n), take)
   t_ep = T // setup.local_epochs
@@ -700,10 +720,13 @@ def round(setup: Setup, state: State, data, key):
   tx = common.make_optimizer(setup.momentum, setup.weight_decay)
   part1, stats1 = state.part1, state.part1_stats
   with_lr = jax.vmap(lambda s: common.with_lr(s, d.lr))
-  # Client-portion optimiser states are rebuilt every round, the server's kept.
+  server_opt = (state.server_opt if o.server_opt == "keep"
+                else jax.vmap(tx.init)(state.part2))
+  # Client-portion optimiser states are rebuilt every round; the server's per
+  # ``server_opt``.
   n = setup.clients_per_round
   carry = (part1, stats1, with_lr(jax.vmap(tx.init)(part1)), state.part2,
-           state.part2_stats, with_lr(state.server_opt),
+           state.part2_stats, with_lr(server_opt),
            jax.tree.map(jnp.zeros_like, state.part2), jnp.zeros((n,), jnp.float32))
 
   def step(carry, batch):
