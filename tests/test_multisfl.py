@@ -248,6 +248,9 @@ CASES = {
     # recursion, request floor L and rounding
     "authors": {"cut": 1, "rounds": 3, "opts": {"p0": 0.05, "p_max": 0.6,
                                                  "p_threshold": 0.08, "clp_window": 2}},
+    # the authors' defaults over two local epochs: a fresh replay copy per epoch
+    "authors-E2": {"cut": 1, "rounds": 2, "local_epochs": 2, "client_exec": "map",
+                   "opts": {"p0": 0.3, "p_max": 0.6}},
     # the --DB 2 rule on -FGN, two local epochs
     "relative-E2": {"cut": 1, "rounds": 3, "local_epochs": 2,
                     "opts": {"p_rule": "relative", "grad_signal": "spec", "p0": 0.2,
@@ -330,8 +333,11 @@ def ref_multisfl(setup, data, key, rounds):
       b2 = [zeros_like(p2[0]) for _ in range(n)]
     gsum = [zeros_like(p2[0]) for _ in range(n)]
     steps, lsum, cnt, sqs = np.zeros(n), 0.0, 0, np.zeros(n)
+    t_ep = idx.shape[0] // setup.local_epochs
     for i in range(n):
       for t in range(idx.shape[0]):
+        if o.replay_model == "epoch" and t % t_ep == 0:  # the copy of each epoch
+          f1[i], fs1[i] = p1[i], s1[i]
         m = mask[t, i]
         if not m.any():
           continue
@@ -687,3 +693,20 @@ def test_class_pool_ignores_padding_width():
   np.testing.assert_array_equal(start, start_w)
   n = int(jnp.sum(sizes))  # the valid entries come first, grouped by (client, class)
   np.testing.assert_array_equal(pool[:n], pool_w[:n])
+
+
+def test_replay_model_epoch_differs_from_round_with_two_epochs():
+  """The guard of the authors-E2 loop case: with E = 2 a fresh replay copy
+  per epoch trains differently from the round-start copy (E = 1: the same)."""
+  setup = ms_setup("authors-E2")
+  other = setup.replace(options=tuple(sorted({**dict(setup.options),
+                                              "replay_model": "round"}.items())))
+  key = jax.random.key(3)
+  outs = []
+  for s in (setup, other):
+    state, m = jax.jit(lambda st, k, s=s: multisfl.round(s, st, MS_DATA, k))(
+        multisfl.init(s, key), key)
+    assert int(m["replay_samples"]) > 0
+    outs.append(state.part2)
+  assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(outs[0]),
+                                                   jax.tree.leaves(outs[1])))

@@ -59,13 +59,15 @@ not yet follow the authors):
 
 * All branches start from the same initial model (the authors deep-copy one
   model into every branch).
-* Replay features come from the round-start copy of ``wc_i`` (the model the
-  fed server dispatches to assistants, Algorithm 1 line 13) in training mode:
-  BatchNorm normalises a replay share with its own batch statistics, as the
-  authors' ``helper_net`` does; the copy's statistics updates are discarded.
-  The copy is frozen for the whole round, so with E > 1 epochs the same replay
-  features are replayed every epoch and uploaded once (the authors re-copy
-  ``wc_i`` at every epoch).
+* Replay features come from a copy of the branch's ``wc_i`` in training
+  mode: BatchNorm normalises a replay share with its own batch statistics, as
+  the authors' ``helper_net`` does; the copy's statistics updates are
+  discarded.  By default (``replay_model = "epoch"``, the authors' code) the
+  copy is taken at the start of every local epoch; ``"round"`` freezes the
+  round-start copy (the model the fed server dispatches to assistants,
+  Algorithm 1 line 13), so with E > 1 the same replay features are replayed
+  every epoch.  The replay samples and their shares of the batches are the
+  same every epoch either way.
 * The server runs ONE forward over the concatenated batch (main + replay
   share, one BatchNorm batch), as SPEC 4.2 words it; the authors' code runs
   the server portion on the two parts separately and concatenates the logits.
@@ -133,6 +135,7 @@ SCORE_UPDATES = ("authors", "eq2")
 ROUNDINGS = ("authors", "spec")
 ASSISTANTS = ("not_self", "inactive")
 SERVER_OPTS = ("reset", "keep")
+REPLAY_MODELS = ("epoch", "round")
 
 # Each option's own range; ``validate`` keeps the check between them
 # (p_min <= p0 <= p_max with adaptive replay).  min_request sizes a static
@@ -188,6 +191,12 @@ OPTIONS = {
                                            "(the authors' code; other main clients too), "
                                            "inactive = only clients not training this "
                                            "round (the paper, SPEC 4.4)"), ASSISTANTS),
+    "replay_model": Option(str, "epoch", ("the client portion that computes a branch's "
+                                          "replay features: epoch = a copy taken at the "
+                                          "start of every local epoch (the authors' code), "
+                                          "round = the round-start copy, the model "
+                                          "dispatched to assistants (equal for E = 1)"),
+                           REPLAY_MODELS),
     "server_opt": Option(str, "reset", ("server-portion optimiser state: reset = rebuilt "
                                         "every round like the client portion's (the "
                                         "authors' code), keep = kept across rounds "
@@ -197,7 +206,8 @@ OPTIONS = {
 # The options that give SPEC 4's reading where the authors' code differs
 # (the experiments README reproduces the earlier SPEC-default results with it).
 SPEC_READING = {"p_rule": "spec", "score_update": "eq2", "min_request": 0,
-                "request_rounding": "spec", "assistants": "inactive", "server_opt": "keep"}
+                "request_rounding": "spec", "assistants": "inactive", "server_opt": "keep",
+                "replay_model": "round"}
 
 
 class Options(NamedTuple):
@@ -220,6 +230,7 @@ class Options(NamedTuple):
   request_rounding: str
   assistants: str
   server_opt: str
+  replay_model: str
 
 
 def options(setup: Setup) -> Options:
@@ -729,16 +740,25 @@ def round(setup: Setup, state: State, data, key):
            state.part2_stats, with_lr(server_opt),
            jax.tree.map(jnp.zeros_like, state.part2), jnp.zeros((n,), jnp.float32))
 
+  T = d.idx.shape[0]
+  t_ep = T // setup.local_epochs
+
   def step(carry, batch):
+    carry, (f1, fs1) = carry[:8], carry[8:]
+    *batch, t = batch
+    if o.replay_model == "epoch":  # a fresh copy of every branch's wc_i per epoch
+      fresh = t % t_ep == 0
+      f1, fs1 = jax.tree.map(lambda new, old: jnp.where(fresh, new, old),
+                             (carry[0], carry[1]), (f1, fs1))
     out = map_clients(
         lambda *a: branch_step(setup, tx, data, *a), setup.client_exec,
-        *carry, part1, stats1, *batch)
-    return out[:8], (jnp.sum(out[8]), jnp.sum(out[9]))
+        *carry, f1, fs1, *batch)
+    return (*out[:8], f1, fs1), (jnp.sum(out[8]), jnp.sum(out[9]))
 
   carry, (lsums, counts) = common.scan_live(
-      step, carry, (d.idx, d.mask, d.ridx, d.rmask),
+      step, (*carry, part1, stats1), (d.idx, d.mask, d.ridx, d.rmask, jnp.arange(T)),
       common.live_steps(d.mask, d.rmask))
-  p1, s1, _, p2, s2, opt2, gsum, sqsum = carry
+  p1, s1, _, p2, s2, opt2, gsum, sqsum = carry[:8]
   steps = jnp.sum(jnp.any(d.mask, axis=2), axis=0)            # (n,)
   fgn_now = fgn(gsum, steps, d.lr)
   g_now = (signal(sqsum, d.lr, setup.local_epochs) if o.grad_signal == "authors"
