@@ -283,6 +283,21 @@ def _ms_setup(case):
                     options=tuple(sorted(c["opts"].items())))
 
 
+@functools.partial(jax.jit, static_argnums=(0, 8))
+def ref_grad_separate(model, p, s, act, y, m, ract, yr, start):
+  """The authors' server step: main features, then replay features, each
+  its own BatchNorm batch; one loss over both logits."""
+  def f(p_, a_):
+    lm, mid = model.apply(p_, s, a_, start=start, train=True, mask=m)
+    lr_, out = model.apply(p_, mid, ract, start=start, train=True)
+    logits, labels = jnp.concatenate([lm, lr_]), jnp.concatenate([y, yr])
+    valid = jnp.concatenate([jnp.asarray(m, jnp.float32), jnp.ones(len(yr))])
+    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1)[:, 0]
+    return jnp.sum(nll * valid) / jnp.sum(valid), out
+  (loss, ns), (gp, ga) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(p, act)
+  return loss, ns, gp, ga
+
+
 def ref_multisfl(setup, data, key, rounds):
   """MultiSFL with Python loops; the sample choices come from ``decide``."""
   model, cut = setup.model, setup.cut
@@ -351,7 +366,11 @@ def ref_multisfl(setup, data, key, rounds):
           m_all = np.concatenate([m, np.ones(len(rv), bool)])
         else:
           a_all, y_all, m_all = act, yy, m
-        loss, ns2, g2, ga = ref_grad(model, p2[i], s2[i], a_all, y_all, m_all, cut)
+        if len(rv) and o.server_forward == "separate":
+          loss, ns2, g2, ga = ref_grad_separate(model, p2[i], s2[i], act, yy, m, ract, yr,
+                                                cut)
+        else:
+          loss, ns2, g2, ga = ref_grad(model, p2[i], s2[i], a_all, y_all, m_all, cut)
         gsum[i] = jax.tree.map(jnp.add, gsum[i], g2)
         steps[i] += 1
         p2[i], b2[i] = ref_sgd(p2[i], g2, b2[i], lr, setup)
@@ -695,12 +714,16 @@ def test_class_pool_ignores_padding_width():
   np.testing.assert_array_equal(pool[:n], pool_w[:n])
 
 
-def test_replay_model_epoch_differs_from_round_with_two_epochs():
-  """The guard of the authors-E2 loop case: with E = 2 a fresh replay copy
-  per epoch trains differently from the round-start copy (E = 1: the same)."""
+@pytest.mark.parametrize(("option", "other_value"), [("replay_model", "round"),
+                                                     ("server_forward", "concat")])
+def test_the_authors_options_change_the_training(option, other_value):
+  """The guard of the authors' loop cases: with E = 2 a fresh replay copy per
+  epoch trains differently from the round-start copy (E = 1: the same), and
+  separate server forwards (two BatchNorm batches at cut 1) differently from
+  one over the concatenation."""
   setup = ms_setup("authors-E2")
   other = setup.replace(options=tuple(sorted({**dict(setup.options),
-                                              "replay_model": "round"}.items())))
+                                              option: other_value}.items())))
   key = jax.random.key(3)
   outs = []
   for s in (setup, other):

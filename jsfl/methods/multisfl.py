@@ -68,9 +68,11 @@ not yet follow the authors):
   Algorithm 1 line 13), so with E > 1 the same replay features are replayed
   every epoch.  The replay samples and their shares of the batches are the
   same every epoch either way.
-* The server runs ONE forward over the concatenated batch (main + replay
-  share, one BatchNorm batch), as SPEC 4.2 words it; the authors' code runs
-  the server portion on the two parts separately and concatenates the logits.
+* By default (``server_forward = "separate"``, the authors' code) the server
+  portion runs on the main features and on the replay share separately (two
+  BatchNorm batches, statistics updated by both) and the loss is the
+  cross-entropy over the concatenated logits; ``"concat"`` runs ONE forward
+  over the concatenated batch, as SPEC 4.2 words it.
 * The replay share of main batch b (of ``nb`` per epoch) is slots
   ``[floor(b Q / nb), floor((b+1) Q / nb))`` of the shuffled replay list of Q
   samples (every batch gets a share; the authors give ``ceil(Q / nb)`` to the
@@ -136,6 +138,7 @@ ROUNDINGS = ("authors", "spec")
 ASSISTANTS = ("not_self", "inactive")
 SERVER_OPTS = ("reset", "keep")
 REPLAY_MODELS = ("epoch", "round")
+SERVER_FORWARDS = ("separate", "concat")
 
 # Each option's own range; ``validate`` keeps the check between them
 # (p_min <= p0 <= p_max with adaptive replay).  min_request sizes a static
@@ -197,6 +200,12 @@ OPTIONS = {
                                           "round = the round-start copy, the model "
                                           "dispatched to assistants (equal for E = 1)"),
                            REPLAY_MODELS),
+    "server_forward": Option(str, "separate", ("how a step's main and replay features "
+                                               "pass the server portion: separate = two "
+                                               "forwards, two BatchNorm batches, logits "
+                                               "concatenated (the authors' code); concat = "
+                                               "one forward over the concatenation (SPEC "
+                                               "4.2)"), SERVER_FORWARDS),
     "server_opt": Option(str, "reset", ("server-portion optimiser state: reset = rebuilt "
                                         "every round like the client portion's (the "
                                         "authors' code), keep = kept across rounds "
@@ -207,7 +216,7 @@ OPTIONS = {
 # (the experiments README reproduces the earlier SPEC-default results with it).
 SPEC_READING = {"p_rule": "spec", "score_update": "eq2", "min_request": 0,
                 "request_rounding": "spec", "assistants": "inactive", "server_opt": "keep",
-                "replay_model": "round"}
+                "replay_model": "round", "server_forward": "concat"}
 
 
 class Options(NamedTuple):
@@ -231,6 +240,7 @@ class Options(NamedTuple):
   assistants: str
   server_opt: str
   replay_model: str
+  server_forward: str
 
 
 def options(setup: Setup) -> Options:
@@ -670,12 +680,17 @@ def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, sqsum, f1,
       has_aux=True)
   if ridx.shape[0]:
     xr, yr = batching.gather(data, ridx)
-    ract = setup.model.apply(f1, fs1, xr, train=True, mask=rmask)[0]
-    a_all = jnp.concatenate([act, lax.stop_gradient(ract)])
+    ract = lax.stop_gradient(setup.model.apply(f1, fs1, xr, train=True, mask=rmask)[0])
     y_all, m_all = jnp.concatenate([y, yr]), jnp.concatenate([mask, rmask])
+    if options(setup).server_forward == "separate":
+      loss, ns2, g2, g_a = separate_server_grads(setup, p2, s2, act, y, mask, ract, yr,
+                                                 rmask)
+    else:
+      loss, ns2, g2, g_a = sfl.server_grads(setup, p2, s2, jnp.concatenate([act, ract]),
+                                            y_all, m_all)
   else:
-    a_all, y_all, m_all = act, y, mask
-  loss, ns2, g2, g_a = sfl.server_grads(setup, p2, s2, a_all, y_all, m_all)
+    m_all = mask
+    loss, ns2, g2, g_a = sfl.server_grads(setup, p2, s2, act, y, mask)
   (g1,) = vjp_fn(g_a[:act.shape[0]])
   p1, o1 = common.sgd_update(tx, p1, g1, o1, active)
   p2, o2 = common.sgd_update(tx, p2, g2, o2, active)
@@ -685,6 +700,29 @@ def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, sqsum, f1,
   sqsum = sqsum + jnp.where(active, 2.0 * sq_norm(g1) + sq_norm(g2), 0.0)
   count = jnp.where(active, jnp.sum(m_all), 0)
   return p1, s1, o1, p2, s2, o2, gsum, sqsum, loss * count, count
+
+
+def separate_server_grads(setup: Setup, p2, s2, act, y, mask, ract, yr, rmask):
+  """The server portion on the main features, then on the replay features
+  (two BatchNorm batches; the statistics updated by both, in that order, the
+  second only where the step has replay), and the cross-entropy over the
+  concatenated logits, as the authors' code computes it.
+
+  Returns:
+    ``(loss, new_stats2, grad w.r.t. p2, grad w.r.t. act)``.
+  """
+  def loss_fn(p, a):
+    logits, mid = setup.model.apply(p, s2, a, start=setup.cut, train=True, mask=mask)
+    rlogits, out = setup.model.apply(p, mid, ract, start=setup.cut, train=True,
+                                     mask=rmask)
+    out = common.gate(jnp.any(rmask), out, mid)
+    return common.masked_cross_entropy(
+        jnp.concatenate([logits, rlogits]), jnp.concatenate([y, yr]),
+        jnp.concatenate([mask, rmask])), out
+
+  (loss, ns), (g_p, g_a) = jax.value_and_grad(
+      loss_fn, argnums=(0, 1), has_aux=True)(p2, act)
+  return loss, ns, g_p, g_a
 
 
 def pull_back(stacked, alpha):
