@@ -134,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--last", type=int, default=5,
                    help="evaluated rounds per seed in its median (default 5)")
     if name == "report":
+      t.add_argument("--best-ma", type=int, default=0, metavar="W",
+                     help="add the MultiSFL authors' figure: per seed the best W-round "
+                     "moving average of accuracy (W = 10 in their code)")
       t.add_argument("--paired", default=None, metavar="ROW",
                      help="compare every row's accuracy with this row (its label, "
                      "a unique part of it, or one of its run directories) seed by seed")
@@ -291,12 +294,14 @@ def cmd_report(args) -> int:
   from jsfl import report
   if args.last < 1:
     return _fail(f"--last={args.last}; allowed: an int >= 1")
+  if args.best_ma < 0:
+    return _fail(f"--best-ma={args.best_ma}; allowed: an int >= 1 (0 = off)")
   by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
   if args.out:
     _check_out_dir(args.out, "--out")
   try:
     rep = report.build_report(args.paths, by=by, last=args.last,
-                              paired_with=args.paired)
+                              paired_with=args.paired, best_ma=args.best_ma)
   except ValueError as e:
     return _fail(str(e))
   if not rep.rows:  # one line, the notes on each path folded into it

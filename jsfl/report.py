@@ -82,6 +82,38 @@ def per_seed_figures(records: Iterable[dict], key: str, last: int = 5) -> dict[A
   return out
 
 
+def best_moving_average(values: Sequence[float], window: int = 10) -> tuple[float, float]:
+  """The figure the MultiSFL authors report for a run: over the rounds, the
+  largest mean of the trailing ``window`` values (the first rounds' shorter
+  windows count), and the population std of that window.
+
+  Args:
+    values: one value per evaluated round, in round order.
+    window: the moving-average length.
+
+  Returns:
+    ``(best mean, std of its window)``.
+  """
+  best, best_std = -math.inf, math.nan
+  for i in range(len(values)):
+    w = np.asarray(values[max(0, i + 1 - window):i + 1], float)
+    if w.mean() > best:  # strictly greater: an equal later window does not replace it
+      best, best_std = float(w.mean()), float(w.std())
+  return best, best_std
+
+
+def best_ma_figures(records: Iterable[dict], window: int = 10) -> dict[Any, float]:
+  """Per seed the best ``window``-round moving average of its accuracy
+  (:func:`best_moving_average`; rounds without a value skipped)."""
+  by_seed: dict[Any, list[tuple[Any, float]]] = {}
+  for rec in records:
+    v = rec.get("accuracy")
+    if _is_number(v) and math.isfinite(float(v)):
+      by_seed.setdefault(rec["seed"], []).append((rec["round"], float(v)))
+  return {s: best_moving_average([v for _, v in sorted(rv, key=lambda t: t[0])], window)[0]
+          for s, rv in by_seed.items()}
+
+
 def across_seeds(per_seed: dict[Any, float], ddof: int = 0) -> dict | None:
   """Median and std over seeds of per-seed figures; None when there are none."""
   if not per_seed:
@@ -455,6 +487,7 @@ class Report:
   last: int = 5
   paired_with: str = ""     # label of the reference row of ``paired`` ("" = none)
   paired: list | None = None  # per row: paired_difference(...) against it, or None
+  best_ma: int = 0          # > 0: rows also carry stats["best_ma"] over this window
 
 
 def find_row(rows: Sequence[Row], spec: str) -> int:
@@ -541,10 +574,12 @@ def per_position_figures(records, last: int) -> tuple[dict, list | None]:
   return per_seed, np.median(np.stack(list(per_seed.values())), axis=0).tolist()
 
 
-def _row(group: Group, last: int) -> Row:
+def _row(group: Group, last: int, best_ma: int = 0) -> Row:
   recs = group.records()
-  keys = [k for k, _ in TABLE_METRICS] + ["loss"]
-  figures = {k: per_seed_figures(recs, k, last) for k in keys}
+  keys = [k for k, _ in TABLE_METRICS] + ["loss"] + (["best_ma"] if best_ma else [])
+  figures = {k: per_seed_figures(recs, k, last) for k in keys if k != "best_ma"}
+  if best_ma:
+    figures["best_ma"] = best_ma_figures(recs, best_ma)
   stats = {k: across_seeds(figures[k]) for k in keys}
   final = _last_record_per_seed(recs)
   totals = {s: r["bytes_up_total"] + r["bytes_down_total"] for s, r in final.items()
@@ -580,7 +615,8 @@ def _load(paths: Sequence[str], by: Sequence[str] | None) -> tuple[list[Run], li
 
 
 def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
-                 last: int = 5, paired_with: str | None = None) -> Report:
+                 last: int = 5, paired_with: str | None = None,
+                 best_ma: int = 0) -> Report:
   """Finds, reads, groups and summarises the runs under ``paths``.
 
   Args:
@@ -589,6 +625,9 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
     last: evaluated rounds per seed that enter its median.
     paired_with: a row (:func:`find_row`) every other row's accuracy is
       compared with seed by seed (:func:`paired_difference`).
+    best_ma: if > 0, also the MultiSFL authors' figure: per seed the best
+      ``best_ma``-round moving average of accuracy, then median +- std over
+      seeds (:func:`best_moving_average`).
 
   Returns:
     The report; ``rows`` is empty when no run has a usable record.
@@ -600,7 +639,8 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
   if not runs:
     return Report([], [], {}, problems, last)
   groups, columns, shared = group_runs(runs, by)
-  rep = Report([_row(g, last) for g in groups], columns, shared, problems, last)
+  rep = Report([_row(g, last, best_ma) for g in groups], columns, shared, problems, last,
+               best_ma=best_ma)
   if paired_with:
     ref = rep.rows[find_row(rep.rows, paired_with)]
     rep.paired_with = ref.group.label
@@ -671,6 +711,8 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
     names = short_names(rep.columns)
     head = [names[c] for c in rep.columns] + ["seeds", "rounds"] + \
         [t for _, t in TABLE_METRICS] + ["communication"]
+    if rep.best_ma:
+      head.append(f"accuracy, best {rep.best_ma}-round MA")
     if rep.paired is not None:
       head.append(f"paired accuracy vs {rep.paired_with}")
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -678,10 +720,17 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
       cells = [_fmt_value(row.group.values[c]) for c in rep.columns] + \
           [str(row.seeds), row.rounds] + [_fmt_stat(row.stats[k]) for k, _ in TABLE_METRICS] + \
           [format_bytes(row.bytes_total)]
+      if rep.best_ma:
+        cells.append(_fmt_stat(row.stats.get("best_ma")))
       if rep.paired is not None:
         cells.append(_fmt_paired(rep.paired[i]))
       lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if rep.best_ma:
+      lines += [(f"Best {rep.best_ma}-round MA: per seed the largest mean of "
+                 f"{rep.best_ma} consecutive evaluated rounds' accuracy (shorter windows "
+                 "at the start count), as the MultiSFL authors report a run; then median "
+                 "+- std over seeds."), ""]
     if rep.paired is not None:
       lines += [(f"Paired: per seed number the row's accuracy minus {rep.paired_with}'s "
                  "(same partition and initial model), the median of those differences, "
@@ -716,7 +765,7 @@ def _num(v) -> str:
 
 def write_csv(rep: Report, path: str) -> None:
   """One row per table row: grouping fields, seeds, median and std per metric."""
-  metrics = [k for k, _ in TABLE_METRICS] + ["loss"]
+  metrics = [k for k, _ in TABLE_METRICS] + ["loss"] + (["best_ma"] if rep.best_ma else [])
   with open(path, "w", newline="") as f:
     w = csv.writer(f)
     pair_cols = ([] if rep.paired is None else

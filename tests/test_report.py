@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from jsfl import cli, report
@@ -342,3 +343,27 @@ def test_paired_reference_must_name_one_row(tmp_path, capsys):
   assert cli.main(["report", str(tmp_path), "--paired", "hydra"]) == 2
   err = capsys.readouterr().err
   assert "'hydra' matches no row" in err and "sfl_fedntd" in err
+
+
+def test_best_moving_average_is_the_authors_figure():
+  # trailing windows of <= 3: [1] [1,5] [1,5,3] [5,3,2] [3,2,9] -> means 1, 3, 3, 3.33, 4.67
+  best, std = report.best_moving_average([1.0, 5.0, 3.0, 2.0, 9.0], window=3)
+  assert best == pytest.approx(14 / 3) and std == pytest.approx(np.std([3.0, 2.0, 9.0]))
+  # a partial window at the start counts; an equal later mean does not replace it
+  assert report.best_moving_average([9.0, 1.0, 8.0], window=2) == (9.0, 0.0)
+  recs = [{"seed": s, "round": r, "accuracy": a}
+          for s, accs in ((0, [10.0, 20.0, 30.0]), (1, [50.0, 40.0, None]))
+          for r, a in enumerate(accs, 1)]
+  assert report.best_ma_figures(recs, window=2) == {0: 25.0, 1: 50.0}
+
+
+def test_cli_report_best_ma_column(tmp_path, capsys):
+  if not os.path.isdir(CORE_RUNS):
+    pytest.skip("experiments/core/results/runs not present")
+  assert cli.main(["report", CORE_RUNS, "--best-ma", "10", "--out", str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  assert "accuracy, best 10-round MA" in out and "Best 10-round MA" in out
+  with open(tmp_path / "report.csv") as f:
+    assert "best_ma_median" in f.readline()
+  assert cli.main(["report", CORE_RUNS, "--best-ma", "-1"]) == 2
+  assert "--best-ma=-1" in capsys.readouterr().err
