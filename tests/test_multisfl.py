@@ -123,6 +123,23 @@ def test_authors_proportion_rules_hand_cases():
   assert rel(0.02, -0.9, 11) == pytest.approx(0.05)    # then 0.05
 
 
+def test_authors_helper_batches_hand_case():
+  """Q = 7 replay samples over nb = 3 main batches (size 25, B 10): h = 3,
+  batches 0 and 1 get 3, batch 2 gets 1, every epoch from a fresh shuffle."""
+  idx = jnp.arange(100, 110)
+  valid = jnp.arange(10) < 7
+  got, mask = multisfl.authors_shares(jax.random.key(0), idx, valid, jnp.int32(25), 10,
+                                      epochs=2, steps=4, per_step=5)
+  got, mask = np.asarray(got), np.asarray(mask)
+  assert got.shape == (8, 5)
+  assert mask.sum(1).tolist() == [3, 3, 1, 0, 3, 3, 1, 0]
+  for t in range(8):
+    share = got[t][mask[t]]
+    assert len(set(share.tolist())) == len(share) and set(share) <= set(range(100, 107))
+  shuffles = {tuple(got[t][mask[t]]) for t in range(8) if mask[t].any()}
+  assert len(shuffles) > 2   # fresh draws, not one slicing repeated
+
+
 def test_authors_score_recursion_and_rounding_hand_cases():
   sv, w = jnp.zeros(3), jnp.float32(0.0)
   sv, w, _ = multisfl.update_scores_authors(sv, w, jnp.array([4, 0, 2]), 0.5)
@@ -490,10 +507,18 @@ def test_decide_never_replays_active_clients_and_fills_quotas(case, p):
           np.arange(len(sizes)) == d.clients[i])
       assert not barred[owner[rv]].any()
       from_main += int(active[owner[rv]].sum())
-      assert len(set(rv.tolist())) == len(rv)
       want = np.minimum(d.quota[i], hold[~barred].sum(0))
-      np.testing.assert_array_equal(np.bincount(y[rv], minlength=4), want)
       np.testing.assert_array_equal(d.served[i], want)
+      if multisfl.options(setup).replay_schedule == "even":  # each sample once an epoch
+        assert len(set(rv.tolist())) == len(rv)
+        np.testing.assert_array_equal(np.bincount(y[rv], minlength=4), want)
+      else:  # a helper batch never repeats a sample; all of them are from the list
+        for t in range(d.ridx.shape[0]):
+          share = d.ridx[t, i][d.rmask[t, i]]
+          assert len(set(share.tolist())) == len(share)
+        # distinct replayed samples of a class never exceed the list's count of it
+        assert (np.bincount(y[np.unique(rv)], minlength=4) <= want).all()
+        assert want.sum() == 0 or len(rv) > 0
       # replay only alongside the main client's existing batches
       assert not (d.rmask[:, i].any(1) & ~d.mask[:, i].any(1)).any()
   assert requested > 0   # the guard: the case does request replay
@@ -715,12 +740,14 @@ def test_class_pool_ignores_padding_width():
 
 
 @pytest.mark.parametrize(("option", "other_value"), [("replay_model", "round"),
-                                                     ("server_forward", "concat")])
+                                                     ("server_forward", "concat"),
+                                                     ("replay_schedule", "even")])
 def test_the_authors_options_change_the_training(option, other_value):
   """The guard of the authors' loop cases: with E = 2 a fresh replay copy per
-  epoch trains differently from the round-start copy (E = 1: the same), and
+  epoch trains differently from the round-start copy (E = 1: the same),
   separate server forwards (two BatchNorm batches at cut 1) differently from
-  one over the concatenation."""
+  one over the concatenation, and the authors' helper batches differently
+  from even slices."""
   setup = ms_setup("authors-E2")
   other = setup.replace(options=tuple(sorted({**dict(setup.options),
                                               option: other_value}.items())))

@@ -73,10 +73,12 @@ not yet follow the authors):
   BatchNorm batches, statistics updated by both) and the loss is the
   cross-entropy over the concatenated logits; ``"concat"`` runs ONE forward
   over the concatenated batch, as SPEC 4.2 words it.
-* The replay share of main batch b (of ``nb`` per epoch) is slots
-  ``[floor(b Q / nb), floor((b+1) Q / nb))`` of the shuffled replay list of Q
-  samples (every batch gets a share; the authors give ``ceil(Q / nb)`` to the
-  first batches).
+* By default (``replay_schedule = "authors"``) main batch b of an epoch gets
+  the b-th helper batch of ``h = ceil(Q / nb)`` of a fresh shuffle of the
+  replay list, as the authors' loader gives it (:func:`authors_shares`);
+  ``"even"`` gives batch b slots ``[floor(b Q / nb), floor((b+1) Q / nb))``
+  of one shuffle, the same every epoch, so every sample is replayed once an
+  epoch.
 * An assistant is drawn at most once per branch and round (random order
   without replacement); different branches draw independently and may share
   assistants.  By default (``assistants = "not_self"``, the authors' code)
@@ -139,6 +141,7 @@ ASSISTANTS = ("not_self", "inactive")
 SERVER_OPTS = ("reset", "keep")
 REPLAY_MODELS = ("epoch", "round")
 SERVER_FORWARDS = ("separate", "concat")
+SCHEDULES = ("authors", "even")
 
 # Each option's own range; ``validate`` keeps the check between them
 # (p_min <= p0 <= p_max with adaptive replay).  min_request sizes a static
@@ -206,6 +209,15 @@ OPTIONS = {
                                                "concatenated (the authors' code); concat = "
                                                "one forward over the concatenation (SPEC "
                                                "4.2)"), SERVER_FORWARDS),
+    "replay_schedule": Option(str, "authors", ("how the replay list meets the main "
+                                              "batches: authors = helper batches of "
+                                              "h = ceil(Q / nb) for the first ceil(Q / h) "
+                                              "batches of every epoch, each the b-th "
+                                              "batch of a fresh shuffle of the list (a "
+                                              "sample may come twice or not at all in an "
+                                              "epoch); even = every batch gets its slice "
+                                              "of one shuffle, the same every epoch"),
+                              SCHEDULES),
     "server_opt": Option(str, "reset", ("server-portion optimiser state: reset = rebuilt "
                                         "every round like the client portion's (the "
                                         "authors' code), keep = kept across rounds "
@@ -216,7 +228,8 @@ OPTIONS = {
 # (the experiments README reproduces the earlier SPEC-default results with it).
 SPEC_READING = {"p_rule": "spec", "score_update": "eq2", "min_request": 0,
                 "request_rounding": "spec", "assistants": "inactive", "server_opt": "keep",
-                "replay_model": "round", "server_forward": "concat"}
+                "replay_model": "round", "server_forward": "concat",
+                "replay_schedule": "even"}
 
 
 class Options(NamedTuple):
@@ -241,6 +254,7 @@ class Options(NamedTuple):
   server_opt: str
   replay_model: str
   server_forward: str
+  replay_schedule: str
 
 
 def options(setup: Setup) -> Options:
@@ -514,6 +528,34 @@ def step_shares(idx, valid, size, batch_size: int, steps: int, per_step: int):
   return idx[jnp.minimum(pos, idx.shape[0] - 1)], mask
 
 
+def authors_shares(key, idx, valid, size, batch_size: int, epochs: int, steps: int,
+                   per_step: int):
+  """The authors' helper batches of one branch, every step of the round.
+
+  Their helper loader has batches of ``h = ceil(Q / nb)`` (``Q`` replay
+  samples, ``nb = ceil(size / B)`` main batches); main batch b of an epoch
+  gets the b-th batch of a fresh shuffle of the list, so the first
+  ``ceil(Q / h)`` batches get one (the last maybe shorter) and a sample can
+  come twice in an epoch or not at all.
+
+  Returns:
+    ``(idx, mask)`` of shape ``(epochs * steps, per_step)``.
+  """
+  q = jnp.sum(valid).astype(jnp.int32)
+  nb = jnp.maximum((size + batch_size - 1) // batch_size, 1)
+  h = jnp.maximum((q + nb - 1) // nb, 1)
+  j = jnp.arange(per_step)
+
+  def one(k, t):
+    b = t % steps
+    order = jnp.argsort(jnp.where(valid, jax.random.uniform(k, valid.shape), 2.0))
+    pos = b * h + j
+    mask = (j < h) & (pos < q) & (b < nb)
+    return idx[order][jnp.minimum(pos, idx.shape[0] - 1)], mask
+  T = epochs * steps
+  return jax.vmap(one)(jax.random.split(key, T), jnp.arange(T))
+
+
 def fgn(grad_sums, steps, lr):
   """Eq. 5: ``mean_i -lr ||g_i||^2`` with ``g_i = grad_sums_i / steps_i``.
 
@@ -640,14 +682,23 @@ def decide(setup: Setup, state: State, data, key) -> Decisions:
   slots, valid = jax.vmap(lambda k, t: replay_slots(k, t, pool, start, holdings, cap))(
       jax.random.split(k_slots, n), take)
   t_ep = T // setup.local_epochs
-  sidx, smask = jax.vmap(
-      lambda i, v, s: step_shares(i, v, s, setup.batch_size, t_ep, per_step))(
-          slots, valid, sizes)                                # (n, t_ep, R)
-  served = jnp.sum(jax.nn.one_hot(data["y"][sidx], L, dtype=jnp.int32)
-                   * smask[..., None], axis=(1, 2))
-  # The same shares every epoch (the frozen copy gives the same features).
-  ridx = jnp.tile(sidx.transpose(1, 0, 2), (setup.local_epochs, 1, 1))
-  rmask = jnp.tile(smask.transpose(1, 0, 2), (setup.local_epochs, 1, 1))
+  if o.replay_schedule == "authors":
+    # A key of its own, folded from k_slots: the other draws stay as they were.
+    sidx, smask = jax.vmap(lambda k, i, v, s: authors_shares(
+        k, i, v, s, setup.batch_size, setup.local_epochs, t_ep, per_step))(
+            jax.random.split(jax.random.fold_in(k_slots, 1), n), slots, valid, sizes)
+    served = jnp.sum(jax.nn.one_hot(data["y"][slots], L, dtype=jnp.int32)
+                     * valid[..., None], axis=1)              # the replay list
+    ridx, rmask = sidx.transpose(1, 0, 2), smask.transpose(1, 0, 2)
+  else:
+    sidx, smask = jax.vmap(
+        lambda i, v, s: step_shares(i, v, s, setup.batch_size, t_ep, per_step))(
+            slots, valid, sizes)                              # (n, t_ep, R)
+    served = jnp.sum(jax.nn.one_hot(data["y"][sidx], L, dtype=jnp.int32)
+                     * smask[..., None], axis=(1, 2))
+    # The same shares every epoch.
+    ridx = jnp.tile(sidx.transpose(1, 0, 2), (setup.local_epochs, 1, 1))
+    rmask = jnp.tile(smask.transpose(1, 0, 2), (setup.local_epochs, 1, 1))
   return Decisions(clients, sizes, idx, mask, counts, num, den, quota, take,
                    ridx, rmask, served, plan.lr)
 
