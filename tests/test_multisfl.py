@@ -140,6 +140,17 @@ def test_authors_helper_batches_hand_case():
   assert len(shuffles) > 2   # fresh draws, not one slicing repeated
 
 
+def test_authors_communication_accounting_hand_case():
+  setup = ms_setup("authors-E2")  # n = 3 branches, E = 2, min_request = L = 4
+  act = multisfl.activation_size(setup.model, setup.cut) * 4
+  p1 = multisfl.portion_bytes(setup.model, 0, setup.cut)
+  # |D_i| p = 13 * 0.3 = 3.9 -> max(4, 3), 20 * 0.3 = 6, 5 * 0.3 = 1.5 -> 4: 14 requested
+  up, down = multisfl.authors_round_bytes(setup, 76, jnp.array([13, 20, 5]),
+                                          jnp.float32(0.3), 5)
+  assert float(up) == pytest.approx(3 * p1 + 76 * act + 14 * 2 * act)
+  assert float(down) == pytest.approx(3 * p1 + 76 * act + 5 * 2 * p1)
+
+
 def test_authors_score_recursion_and_rounding_hand_cases():
   sv, w = jnp.zeros(3), jnp.float32(0.0)
   sv, w, _ = multisfl.update_scores_authors(sv, w, jnp.array([4, 0, 2]), 0.5)
@@ -760,3 +771,18 @@ def test_the_authors_options_change_the_training(option, other_value):
     outs.append(state.part2)
   assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(outs[0]),
                                                    jax.tree.leaves(outs[1])))
+
+
+def test_round_reports_the_authors_bytes_when_asked():
+  base = ms_setup("authors")
+  setup = base.replace(options=tuple(sorted({**dict(base.options),
+                                             "comm_accounting": "authors"}.items())))
+  key = jax.random.key(5)
+  state = multisfl.init(setup, key)
+  _, m = jax.jit(lambda st, k: multisfl.round(setup, st, MS_DATA, k))(state, key)
+  d = multisfl.decide(setup, state, MS_DATA, key)
+  want = multisfl.authors_round_bytes(setup, m["samples"], d.sizes, state.p,
+                                      int(m["assistants"].sum()))
+  np.testing.assert_allclose([m["bytes_up"], m["bytes_down"]], [float(w) for w in want])
+  _, spec = jax.jit(lambda st, k: multisfl.round(base, st, MS_DATA, k))(state, key)
+  assert float(spec["bytes_up"]) != float(m["bytes_up"])  # the option is not a no-op

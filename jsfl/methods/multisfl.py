@@ -142,6 +142,7 @@ SERVER_OPTS = ("reset", "keep")
 REPLAY_MODELS = ("epoch", "round")
 SERVER_FORWARDS = ("separate", "concat")
 SCHEDULES = ("authors", "even")
+ACCOUNTINGS = ("spec", "authors")
 
 # Each option's own range; ``validate`` keeps the check between them
 # (p_min <= p0 <= p_max with adaptive replay).  min_request sizes a static
@@ -218,6 +219,12 @@ OPTIONS = {
                                               "epoch); even = every batch gets its slice "
                                               "of one shuffle, the same every epoch"),
                               SCHEDULES),
+    "comm_accounting": Option(str, "spec", ("bytes of a round: spec = float32 features "
+                                            "and int32 labels as sent, replay once "
+                                            "(SPEC 1.4); authors = their count: no "
+                                            "labels, replay as the requested total x E "
+                                            "features, the model to every assistant x E"),
+                              ACCOUNTINGS),
     "server_opt": Option(str, "reset", ("server-portion optimiser state: reset = rebuilt "
                                         "every round like the client portion's (the "
                                         "authors' code), keep = kept across rounds "
@@ -255,6 +262,7 @@ class Options(NamedTuple):
   replay_model: str
   server_forward: str
   replay_schedule: str
+  comm_accounting: str
 
 
 def options(setup: Setup) -> Options:
@@ -872,7 +880,10 @@ def round(setup: Setup, state: State, data, key):
   samples = jnp.sum(d.mask)
   replay_samples = jnp.sum(d.rmask)
   assistants = jnp.sum(jnp.any(d.take > 0, axis=2), axis=1)   # (n,)
-  up, down = round_bytes(setup, samples, jnp.sum(d.served), jnp.sum(assistants))
+  if o.comm_accounting == "authors":
+    up, down = authors_round_bytes(setup, samples, d.sizes, state.p, jnp.sum(assistants))
+  else:
+    up, down = round_bytes(setup, samples, jnp.sum(d.served), jnp.sum(assistants))
   metrics = {"loss": jnp.sum(lsums) / jnp.maximum(jnp.sum(counts), 1),
              "samples": samples, "clients": d.clients,
              "p": state.p, "p_next": p_next, "fgn": fgn_now, "grad_signal": g_now,
@@ -880,6 +891,27 @@ def round(setup: Setup, state: State, data, key):
              "assistants": assistants, "replay_samples": replay_samples,
              "bytes_up": up, "bytes_down": down}
   return new, metrics
+
+
+def authors_round_bytes(setup: Setup, main_samples, sizes, p, assistants):
+  """Bytes ``(up, down)`` of a round as the authors' code counts its traffic:
+  every branch's client portion down and up, the main features up and their
+  gradients down for every sample of every epoch (no labels), per branch
+  the requested ``max(m, int(|D_i| p))`` replay features up every epoch, and
+  the client portion down to every assistant every epoch.  Their code adds
+  it all into one total; here it is split as it travels."""
+  o = options(setup)
+  act = activation_size(setup.model, setup.cut) * 4
+  p1 = portion_bytes(setup.model, 0, setup.cut)
+  n, E = setup.clients_per_round, setup.local_epochs
+  f = lambda v: jnp.asarray(v, jnp.float32)
+  requested = 0.0
+  if o.replay != "off":
+    requested = jnp.sum(jnp.maximum(f(o.min_request),
+                                    jnp.floor(sizes.astype(jnp.float32) * p)))
+  up = n * p1 + f(main_samples) * act + requested * E * act
+  down = n * p1 + f(main_samples) * act + f(assistants) * E * p1
+  return up, down
 
 
 def output_model(setup: Setup, state: State):
