@@ -163,15 +163,11 @@ def _fail(msg: str) -> int:
 
 def _check_out_dir(path: str, flag: str) -> None:
   """An output directory that exists or can be made (checked before any work)."""
+  from jsfl.rundir import check_parent
   if os.path.lexists(path) and not os.path.isdir(path):
     raise OutputError(f"{flag}={path!r} exists and is not a directory; allowed: a "
                       "directory (created if missing)")
-  parent = os.path.abspath(path)
-  while not os.path.lexists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-    raise OutputError(f"{flag}={path!r}: {parent!r} is not a writable directory; "
-                      "allowed: a path under a writable directory")
+  check_parent(path, flag, OutputError)
 
 
 def _check_out_file(path: str, flag: str) -> None:

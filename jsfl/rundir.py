@@ -89,17 +89,21 @@ def check_target(out_dir: str, name: str, exact: str = "") -> None:
   _check_parent(os.path.join(out_dir, name or "run"), "run.out_dir")
 
 
-def _check_parent(path: str, key: str) -> None:
-  """The nearest existing ancestor of ``path`` must be a writable directory."""
+def _check_parent(path: str, key: str, error=RunDirError) -> None:
+  """The nearest existing ancestor of ``path`` must be a writable directory
+  (so ``path`` can be made); raises ``error`` naming ``key=path`` otherwise."""
   parent = os.path.dirname(os.path.abspath(path))
   while not os.path.lexists(parent):
     parent = os.path.dirname(parent)
   if not os.path.isdir(parent):
-    raise RunDirError(f"{key}={path!r}: {parent!r} is not a directory; allowed: a path "
-                      "under a directory")
+    raise error(f"{key}={path!r}: {parent!r} is not a directory; allowed: a path "
+                "under a directory")
   if not os.access(parent, os.W_OK | os.X_OK):
-    raise RunDirError(f"{key}={path!r}: {parent!r} is not writable; allowed: a path "
-                      "under a writable directory")
+    raise error(f"{key}={path!r}: {parent!r} is not writable; allowed: a path "
+                "under a writable directory")
+
+
+check_parent = _check_parent
 
 
 def _listing(path: str) -> list[str]:
