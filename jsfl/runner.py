@@ -188,8 +188,9 @@ def default_seed_exec(backend: str | None = None) -> str:
   On the 2-core CPU an SFL round of MobileNetV1 (10 clients, 4 seeds) ran at
   155 samples/s with seeds as a rolled ``lax.map`` against 123 with vmap
   (benchmarks/results/seed-exec-*.json); with no spare cores, batching seeds
-  only enlarges every matmul's working set.  Accelerators get vmap
-  (not measured in this session: no GPU was lent).
+  only enlarges every matmul's working set.  Accelerators get vmap, the
+  batched form they are built for; no accelerator measurement is recorded
+  in ``benchmarks/results/`` yet.
   """
   backend = backend or jax.default_backend()
   return "map" if backend == "cpu" else "vmap"

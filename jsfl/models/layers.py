@@ -3,7 +3,7 @@
 Why this module exists: on XLA:CPU a ``lax.conv`` inside a rolled ``lax.scan``
 (a while loop) or under ``vmap`` over stacked client weights (which becomes a
 grouped convolution) runs 10-40x slower than the same convolution outside the
-loop (measured in ``benchmarks/results/`` and ``../shared/PERF-NOTES.md``).  The
+loop (measured in ``benchmarks/results/``).  The
 same convolution written as im2col + matmul (``conv_impl="im2col"``) is as
 fast rolled as unrolled and vmaps at parity with a Python loop, which lets a
 whole round stay one jitted program of rolled scans and vmaps on CPU.  On GPU
