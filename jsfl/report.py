@@ -52,6 +52,21 @@ MISSING = "-"  # a config field a run does not have (e.g. another method's optio
 # The statistic (numpy only; jsfl.metrics.summarize is this one)
 
 
+def _series_by_seed(records: Iterable[dict], key: str) -> dict[Any, list[float]]:
+  """Per seed the values of ``key`` in round order; missing, None, non-numeric
+  and NaN values are skipped."""
+  by_seed: dict[Any, list[tuple[Any, float]]] = {}
+  for rec in records:
+    v = rec.get(key)
+    if v is None or isinstance(v, bool) or not isinstance(
+        v, (int, float, np.integer, np.floating)):
+      continue
+    if math.isnan(float(v)):
+      continue
+    by_seed.setdefault(rec["seed"], []).append((rec["round"], float(v)))
+  return {s: [v for _, v in sorted(rv, key=lambda t: t[0])] for s, rv in by_seed.items()}
+
+
 def per_seed_figures(records: Iterable[dict], key: str, last: int = 5) -> dict[Any, float]:
   """Per seed, the median of ``key`` over its last ``last`` evaluated rounds.
 
@@ -66,20 +81,7 @@ def per_seed_figures(records: Iterable[dict], key: str, last: int = 5) -> dict[A
   Returns:
     ``{seed: figure}`` for every seed with at least one value.
   """
-  by_seed: dict[Any, list[tuple[Any, float]]] = {}
-  for rec in records:
-    v = rec.get(key)
-    if v is None or isinstance(v, bool) or not isinstance(
-        v, (int, float, np.integer, np.floating)):
-      continue
-    if math.isnan(float(v)):
-      continue
-    by_seed.setdefault(rec["seed"], []).append((rec["round"], float(v)))
-  out = {}
-  for seed, values in by_seed.items():
-    values = sorted(values, key=lambda rv: rv[0])[-last:]
-    out[seed] = float(np.median([v for _, v in values]))
-  return out
+  return {s: float(np.median(v[-last:])) for s, v in _series_by_seed(records, key).items()}
 
 
 def best_moving_average(values: Sequence[float], window: int = 10) -> tuple[float, float]:
@@ -105,13 +107,8 @@ def best_moving_average(values: Sequence[float], window: int = 10) -> tuple[floa
 def best_ma_figures(records: Iterable[dict], window: int = 10) -> dict[Any, float]:
   """Per seed the best ``window``-round moving average of its accuracy
   (:func:`best_moving_average`; rounds without a value skipped)."""
-  by_seed: dict[Any, list[tuple[Any, float]]] = {}
-  for rec in records:
-    v = rec.get("accuracy")
-    if _is_number(v) and math.isfinite(float(v)):
-      by_seed.setdefault(rec["seed"], []).append((rec["round"], float(v)))
-  return {s: best_moving_average([v for _, v in sorted(rv, key=lambda t: t[0])], window)[0]
-          for s, rv in by_seed.items()}
+  return {s: best_moving_average(v, window)[0]
+          for s, v in _series_by_seed(records, "accuracy").items()}
 
 
 def across_seeds(per_seed: dict[Any, float], ddof: int = 0) -> dict | None:

@@ -75,21 +75,21 @@ def check_target(out_dir: str, name: str, exact: str = "") -> None:
   checks again when it creates the directory)."""
   if exact:
     if os.path.isdir(exact):
-      if _listing(exact):
+      if listing(exact):
         raise RunDirError(f"run.dir={exact!r} exists and is not empty; allowed: a new or "
                           "empty directory (continue a run with jsfl run --resume DIR)")
     elif os.path.lexists(exact):
       raise RunDirError(f"run.dir={exact!r} exists and is not a directory; allowed: a "
                         "new or empty directory")
-    _check_parent(exact, "run.dir")
+    check_parent(exact, "run.dir")
     return
   if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
     raise RunDirError(f"run.out_dir={out_dir!r} exists and is not a directory; allowed: "
                       "a directory (created if missing)")
-  _check_parent(os.path.join(out_dir, name or "run"), "run.out_dir")
+  check_parent(os.path.join(out_dir, name or "run"), "run.out_dir")
 
 
-def _check_parent(path: str, key: str, error=RunDirError) -> None:
+def check_parent(path: str, key: str, error=RunDirError) -> None:
   """The nearest existing ancestor of ``path`` must be a writable directory
   (so ``path`` can be made); raises ``error`` naming ``key=path`` otherwise."""
   parent = os.path.dirname(os.path.abspath(path))
@@ -103,10 +103,9 @@ def _check_parent(path: str, key: str, error=RunDirError) -> None:
                 "under a writable directory")
 
 
-check_parent = _check_parent
 
-
-def _listing(path: str) -> list[str]:
+def listing(path: str) -> list[str]:
+  """What a run directory holds, less a writer's lock file."""
   return [f for f in os.listdir(path) if f != RunLock.NAME]
 
 
@@ -167,7 +166,7 @@ def remove_new(run_dir: str, created: list[str]) -> None:
   if os.path.abspath(run_dir) in created:
     shutil.rmtree(run_dir, ignore_errors=True)
   else:  # an empty run.dir the user made: leave it empty, as it was
-    for f in _listing(run_dir):
+    for f in listing(run_dir):
       p = os.path.join(run_dir, f)
       if os.path.isdir(p):
         shutil.rmtree(p, ignore_errors=True)

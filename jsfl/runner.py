@@ -388,7 +388,7 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) 
   try:
     if writes:
       lock.acquire()
-      if not resume and rundir._listing(out):  # another run wrote it since we checked
+      if not resume and rundir.listing(out):  # another run wrote it since we checked
         raise RunDirError(f"run.dir={out!r} was written by another process meanwhile; "
                           "allowed: a new or empty directory")
     try:
