@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from jsfl import runner
 from jsfl.data import load_dataset
-from jsfl.engine import batching, common
+from jsfl.engine import batching, common, split
 from jsfl.methods import base, sfl
 from jsfl.models import get_model, layers
 
@@ -115,8 +115,8 @@ def bench_loop(args, clients, seeds):
   @jax.jit
   def server(p2, s2, o2, a, y):
     m = jnp.ones(y.shape, bool)
-    p2, s2, o2, g, _ = sfl.server_step(setup, tx, p2, s2, o2, a, y, m)
-    return p2, s2, o2, g
+    srv, g, _, _ = split.server_update(setup, tx, split.Portion(p2, s2, o2), a, y, m)
+    return srv.params, srv.stats, srv.opt, g
 
   @jax.jit
   def bwd(p, s, o, x, g):

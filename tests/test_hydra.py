@@ -25,7 +25,7 @@ from test_methods_equivalence import (
 )
 
 from jsfl import cli
-from jsfl.engine import batching, common
+from jsfl.engine import batching, common, split
 from jsfl.methods import hydra, sfl
 from jsfl.rundir import read_metrics
 
@@ -211,19 +211,20 @@ def test_server_step_touches_only_the_clients_head():
   mask = jnp.ones(4, bool)
   act, _ = setup.model.apply(st.part1, st.part1_stats,
                              x, train=True, mask=mask)
-  server = (st.part2a, st.part2a_stats, opt2a, heads, st.heads_stats, hopt)
+  server = (split.Portion(st.part2a, st.part2a_stats, opt2a),
+            split.Portion(heads, st.heads_stats, hopt))
   out, g_a, _ = jax.jit(lambda s, a: hydra.server_step(setup, tx, s, a, y, mask, 2))(
       server, act)
   for g in range(4):
     same = all(bool(jnp.array_equal(a[g], b[g])) for a, b in
-               zip(jax.tree.leaves(out[3]), jax.tree.leaves(heads)))
+               zip(jax.tree.leaves(out[1].params), jax.tree.leaves(heads)))
     assert same == (g != 2), g
   assert not all(bool(jnp.array_equal(a, b)) for a, b in
-                 zip(jax.tree.leaves(out[0]), jax.tree.leaves(st.part2a)))
+                 zip(jax.tree.leaves(out[0].params), jax.tree.leaves(st.part2a)))
   assert float(jnp.abs(g_a).sum()) > 0
   # an empty batch changes nothing
   out0, _, lsum = hydra.server_step(setup, tx, server, act, y, jnp.zeros(4, bool), 2)
-  chex.assert_trees_all_equal(out0[:2] + out0[3:5], server[:2] + server[3:5])
+  chex.assert_trees_all_equal(out0, server)
   assert float(lsum) == 0
 
 

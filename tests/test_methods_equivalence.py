@@ -157,19 +157,38 @@ def test_splitfedv1_equals_fedavg():
 
 
 # --------------------------------------------------------------------- SFL
-def ref_sfl(setup, data, key, rounds):
-  """SFL with loops: clients forward, server in order, clients backward."""
-  model, cut = setup.model, setup.cut
-  st = sfl.init(setup, key)
-  part1, stats1 = st.part1, st.part1_stats
-  part2, stats2, buf2 = st.part2, st.part2_stats, zeros_like(st.part2)
+class RefServer:
+  """One server portion in a loop reference, updated in place by ``serve``.
+
+  ``grad(part2, stats2, act, y, m) -> (loss, new stats, grad part2, grad
+  act)`` is the server step's math; subclasses or other ``grad`` functions
+  give the variants (another loss, ...).
+  """
+
+  def __init__(self, setup, part2, stats2, grad=None):
+    model, cut = setup.model, setup.cut
+    self.setup, self.part2, self.stats2 = setup, part2, stats2
+    self.buf = zeros_like(part2)
+    self.grad = grad or (lambda p, s, a, y, m: ref_grad(model, p, s, a, y, m, cut))
+
+  def serve(self, act, y, m, lr, c=None, x=None):
+    loss, ns2, g2, ga = self.grad(self.part2, self.stats2, act, y, m)
+    self.part2, self.buf = ref_sgd(self.part2, g2, self.buf, lr, self.setup)
+    self.stats2 = ns2
+    return loss, ga
+
+
+def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank):
+  """The split family's shared loop reference: per round and batch step,
+  clients forward, ``server.serve`` per client in the processing order,
+  clients backward; part-1 averaged sample-weighted at round end."""
+  model = setup.model
   losses, orders_seen = [], []
   for r in range(rounds):
     order_key, clients, sizes, idx, mask, lr = schedule(
         setup, data, jax.random.fold_in(key, r), r)
     orders = np.asarray(common.processing_orders(
-        setup.order, order_key, idx.shape[0], clients, data["dominant"],
-        st.label_rank))
+        setup.order, order_key, idx.shape[0], clients, data["dominant"], label_rank))
     orders_seen.append(np.asarray(clients)[orders])
     n = len(clients)
     p1 = [part1] * n
@@ -185,10 +204,7 @@ def ref_sfl(setup, data, key, rounds):
       for c in orders[t]:
         if not mask[t, c].any():
           continue
-        l, ns2, g2, ga = ref_grad(model, part2, stats2, acts[c], ys[c], mask[t, c], cut)
-        part2, buf2 = ref_sgd(part2, g2, buf2, lr, setup)
-        stats2 = ns2
-        g_act[c] = ga
+        l, g_act[c] = server.serve(acts[c], ys[c], mask[t, c], lr, c, xs[c])
         lsum += float(l) * mask[t, c].sum()
       for c in range(n):
         if g_act[c] is None:
@@ -198,7 +214,16 @@ def ref_sfl(setup, data, key, rounds):
         s1[c] = new_s1[c]
     part1, stats1 = ref_avg(p1, sizes), ref_avg(s1, sizes)
     losses.append(lsum / mask.sum())
-  return (part1, stats1, part2, stats2), losses, orders_seen
+  return (part1, stats1), losses, orders_seen
+
+
+def ref_sfl(setup, data, key, rounds, grad=None):
+  """SFL with loops: clients forward, server in order, clients backward."""
+  st = sfl.init(setup, key)
+  server = RefServer(setup, st.part2, st.part2_stats, grad)
+  (part1, stats1), losses, orders_seen = ref_split(
+      setup, data, key, rounds, st.part1, st.part1_stats, server, st.label_rank)
+  return (part1, stats1, server.part2, server.stats2), losses, orders_seen
 
 
 @pytest.mark.parametrize("order", ["random", "cyclic", "cyclic_reverse", "fixed"])

@@ -36,15 +36,8 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from jsfl.engine import common
-from jsfl.methods import sfl
-from jsfl.methods.base import (
-  Setup,
-  fresh_opt_states,
-  plan_round,
-  round_metrics,
-  split_communication,
-)
+from jsfl.engine import common, split
+from jsfl.methods.base import Setup, split_communication
 from jsfl.options import Option
 
 # Superclass tables: label -> group.  CIFAR-10 labels are airplane,
@@ -201,35 +194,36 @@ def init(setup: Setup, key) -> State:
 def server_step(setup: Setup, tx, server, act, y, mask, g):
   """One sequential server update: part-2a, then head ``g``.
 
+  Args:
+    server: ``(part2a, heads)``: :class:`~jsfl.engine.split.Portion` s, the
+      heads stacked on a leading G axis.
+
   Only part-2a and head ``g`` (parameters, BN statistics, optimiser state)
   change; an empty batch changes nothing.
 
   Returns:
     ``(server, gradient w.r.t. act, loss sum)``.
   """
-  p2a, s2a, o2a, heads, hstats, hopt = server
+  part2a, heads = server
   hc = head_cut(setup)
-  head, hs, ho = common.take_rows(heads, g), common.take_rows(hstats, g), common.take_rows(hopt, g)
-  active = jnp.any(mask)
+  head = common.take_rows(heads, g)
 
-  def loss_fn(p2a, head, a):
-    z, ns2a = setup.model.apply(p2a, s2a, a, start=setup.cut, train=True, mask=mask)
-    logits, nsh = setup.model.apply(head, hs, z, start=hc, train=True, mask=mask)
+  def loss_fn(p2a, ph, a):
+    z, ns2a = setup.model.apply(p2a, part2a.stats, a, start=setup.cut, train=True,
+                                mask=mask)
+    logits, nsh = setup.model.apply(ph, head.stats, z, start=hc, train=True, mask=mask)
     return common.masked_cross_entropy(logits, y, mask), (ns2a, nsh)
 
   (loss, (ns2a, nsh)), (g2a, gh, g_a) = jax.value_and_grad(
-      loss_fn, argnums=(0, 1, 2), has_aux=True)(p2a, head, act)
-  p2a, o2a = common.sgd_update(tx, p2a, g2a, o2a, active)
-  head, ho = common.sgd_update(tx, head, gh, ho, active)
-  s2a = common.gate(active, ns2a, s2a)
-  hs = common.gate(active, nsh, hs)
-  server = (p2a, s2a, o2a, common.put_rows(heads, g, head), common.put_rows(hstats, g, hs),
-            common.put_rows(hopt, g, ho))
-  return server, g_a, loss * jnp.sum(mask)
+      loss_fn, argnums=(0, 1, 2), has_aux=True)(part2a.params, head.params, act)
+  active = jnp.any(mask)
+  part2a = part2a.step(tx, g2a, ns2a, active)
+  head = head.step(tx, gh, nsh, active)
+  return (part2a, common.put_rows(heads, g, head)), g_a, loss * jnp.sum(mask)
 
 
 def round(setup: Setup, state: State, data, key):
-  """One Hydra round.
+  """One Hydra round: the split round with Hydra's server rule.
 
   Args:
     setup: static run description (``setup.order``: the processing order of
@@ -244,37 +238,34 @@ def round(setup: Setup, state: State, data, key):
     processing order) and ``head_batches`` ``(G,)``: client batches each head
     was trained on this round.
   """
-  plan = plan_round(setup, data, key, state.round)
-  n, G = setup.clients_per_round, num_groups(setup)
-  groups = groups_of(setup, data["counts"])[plan.clients]  # per participant
-  orders = common.processing_orders(setup.order, plan.order_key, plan.idx.shape[0],
-                                    plan.clients, data["dominant"], state.label_rank)
-  part1 = common.broadcast(state.part1, n)
-  server = (state.part2a, state.part2a_stats,
-            common.with_lr(state.part2a_opt, plan.lr), state.heads,
-            state.heads_stats, jax.vmap(lambda o: common.with_lr(o, plan.lr))(
-                state.heads_opt))
+  G = num_groups(setup)
+  group_of = groups_of(setup, data["counts"])
 
-  def serve(srv, act, y, mask, k):
-    return server_step(setup, plan.tx, srv, act, y, mask, groups[k])
+  def server(plan):
+    return (split.kept(state.part2a_opt, plan.lr, state.part2a, state.part2a_stats),
+            split.Portion(state.heads, state.heads_stats, jax.vmap(
+                lambda o: common.with_lr(o, plan.lr))(state.heads_opt)))
 
-  carry = (part1, common.broadcast(state.part1_stats, n),
-           fresh_opt_states(plan, part1), server)
-  carry, lsums = common.scan_live(
-      lambda c, b: sfl.split_batch_step(setup, plan.tx, data, c, b, serve),
-      carry, (plan.idx, plan.mask, orders), common.live_steps(plan.mask))
-  part1, stats1, _, (p2a, s2a, o2a, heads, hstats, hopt) = carry
-  # FedAvg of the heads (uniform, SPEC 3), copied back into every head.
-  mean_head = jax.tree.map(lambda a: jnp.broadcast_to(a.mean(0), a.shape), heads)
-  mean_hstats = jax.tree.map(lambda a: jnp.broadcast_to(a.mean(0), a.shape), hstats)
-  has = jnp.any(plan.mask, axis=2)  # (T, n)
-  head_batches = jnp.zeros(G, jnp.int32).at[groups].add(has.sum(0).astype(jnp.int32))
-  new = state.replace(part1=common.weighted_mean(part1, plan.sizes),
-                      part1_stats=common.weighted_mean(stats1, plan.sizes),
-                      part2a=p2a, part2a_stats=s2a, part2a_opt=o2a,
-                      heads=mean_head, heads_stats=mean_hstats, heads_opt=hopt,
+  def serve(plan, step):
+    groups = group_of[plan.clients]
+    return split.sequential(
+        lambda srv, act, y, mask, k: server_step(setup, plan.tx, srv, act, y, mask,
+                                                 groups[k]),
+        setup.server_unroll)
+
+  out = split.split_round(setup, state, data, key, server=server, serve=serve,
+                          label_rank=state.label_rank)
+  part2a, heads = out.server
+  mean = lambda t: jax.tree.map(lambda a: jnp.broadcast_to(a.mean(0), a.shape), t)
+  has = jnp.any(out.plan.mask, axis=2)  # (T, n)
+  head_batches = jnp.zeros(G, jnp.int32).at[group_of[out.plan.clients]].add(
+      has.sum(0).astype(jnp.int32))
+  new = state.replace(part1=out.part1, part1_stats=out.part1_stats,
+                      part2a=part2a.params, part2a_stats=part2a.stats,
+                      part2a_opt=part2a.opt, heads=mean(heads.params),
+                      heads_stats=mean(heads.stats), heads_opt=heads.opt,
                       round=state.round + 1)
-  metrics = round_metrics(plan, lsums, plan.clients[orders[0]])
+  metrics = split.metrics(out)
   metrics["head_batches"] = head_batches
   return new, metrics
 

@@ -119,8 +119,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.engine import batching, common
-from jsfl.methods import sfl
+from jsfl.engine import batching, common, split
 from jsfl.methods.base import (
   LABEL_BYTES,
   Setup,
@@ -745,11 +744,11 @@ def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, sqsum, f1,
       loss, ns2, g2, g_a = separate_server_grads(setup, p2, s2, act, y, mask, ract, yr,
                                                  rmask)
     else:
-      loss, ns2, g2, g_a = sfl.server_grads(setup, p2, s2, jnp.concatenate([act, ract]),
-                                            y_all, m_all)
+      loss, _, ns2, g2, g_a = split.server_grads(
+          setup, p2, s2, jnp.concatenate([act, ract]), y_all, m_all)
   else:
     m_all = mask
-    loss, ns2, g2, g_a = sfl.server_grads(setup, p2, s2, act, y, mask)
+    loss, _, ns2, g2, g_a = split.server_grads(setup, p2, s2, act, y, mask)
   (g1,) = vjp_fn(g_a[:act.shape[0]])
   p1, o1 = common.sgd_update(tx, p1, g1, o1, active)
   p2, o2 = common.sgd_update(tx, p2, g2, o2, active)

@@ -22,4 +22,6 @@ METHODS = {
     "sfl_fedntd": "jsfl.methods.sfl_fedntd",
     "sfl_fedexp": "jsfl.methods.sfl_fedexp",
     "sfl_fedmut": "jsfl.methods.sfl_fedmut",
+    # the worked example of docs/extending.md
+    "sfl_smooth": "jsfl.methods.sfl_smooth",
 }

@@ -30,10 +30,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jsfl.engine import common
+from jsfl.engine import common, split
 from jsfl.methods import sfl
 from jsfl.methods.base import Setup, split_communication
-from jsfl.methods.sfl_fedntd import finish, split_round
 from jsfl.options import Option
 
 WEIGHTS = ("uniform", "samples")
@@ -98,14 +97,15 @@ def round(setup: Setup, state: State, data, key):
   Returns:
     ``(state, metrics)``: SFL's metrics plus ``eta_g``.
   """
-  out = split_round(setup, state, data, key)
-  if setup.option("weights", "uniform") == "samples":
-    w = out.plan.sizes
-  else:
-    w = jnp.ones_like(out.plan.sizes)
-  part1, eta = fedexp_step(state.part1, out.part1, w,
+  out = split.split_round(setup, state, data, key, server=sfl.server(state),
+                          serve=sfl.serve(setup), aggregate=None,
+                          label_rank=state.label_rank)
+  w = (out.plan.sizes if setup.option("weights", "uniform") == "samples"
+       else jnp.ones_like(out.plan.sizes))
+  part1, eta = fedexp_step(state.part1, out.clients.params, w,
                            float(setup.option("eps", 1e-3)))
-  new, metrics = finish(state, out, part1, common.weighted_mean(out.stats1, w))
+  new, metrics = sfl.finish(state, out._replace(
+      part1=part1, part1_stats=common.weighted_mean(out.clients.stats, w)))
   metrics["eta_g"] = eta
   return new, metrics
 

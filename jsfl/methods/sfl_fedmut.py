@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jsfl.engine import common, split
 from jsfl.methods import sfl
 from jsfl.methods.base import Setup, split_communication
-from jsfl.methods.sfl_fedntd import finish, sample_weighted, split_round
 from jsfl.options import Option
 
 # The radius is a length (0 = SFL); acc_rate > 1 would send the "opposite"
@@ -129,8 +129,13 @@ def round(setup: Setup, state: State, data, key):
     ``mutation_norm``.
   """
   starts, beta = mutated_starts(setup, state, jax.random.fold_in(key, _MUT_STREAM))
-  out = split_round(setup, state, data, key, starts=starts)
-  new, metrics = finish(state, out, *sample_weighted(out), prev_part1=state.part1)
+  out = split.split_round(
+      setup, state, data, key, server=sfl.server(state), serve=sfl.serve(setup),
+      starts=lambda plan: split.fresh_stack(
+          plan.tx, plan.lr, starts,
+          common.broadcast(state.part1_stats, setup.clients_per_round)),
+      label_rank=state.label_rank)
+  new, metrics = sfl.finish(state, out, prev_part1=state.part1)
   metrics["mutation_beta"] = beta
   metrics["mutation_norm"] = jnp.sqrt(sum(
       jnp.sum((w - p) ** 2) for w, p in zip(jax.tree.leaves(state.part1),

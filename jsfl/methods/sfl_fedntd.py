@@ -15,11 +15,9 @@ eval mode) on the same client batch; its logits are computed once per batch
 step for all participants.  The distillation gradient reaches the client
 portions through the cut-layer gradient, like the cross-entropy's.
 
-This module also holds :func:`split_round`, the SFL round with the three
-hooks the SFL-form baselines need (server step, starting client portions,
-and the stacked trained client portions returned before aggregation); the
-other two (``sfl_fedexp``, ``sfl_fedmut``) import it.  With no hooks it is
-``sfl.round`` step for step (tested).
+On the split engine this is SFL's round with one hook changed: the server
+loss (:func:`ntd_loss_fn`).  ``sfl_fedexp`` changes the aggregation and
+``sfl_fedmut`` the clients' start portions in the same way.
 
 Decisions and departures:
 
@@ -42,23 +40,11 @@ Decisions and departures:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
-
-import jax
 import jax.numpy as jnp
 
-from jsfl.engine import batching, common
+from jsfl.engine import split
 from jsfl.methods import fedntd, sfl
-from jsfl.methods.base import (
-  RoundPlan,
-  Setup,
-  activation_size,
-  fresh_opt_states,
-  plan_round,
-  round_metrics,
-  split_communication,
-)
+from jsfl.methods.base import Setup, activation_size, split_communication
 
 OPTIONS = fedntd.OPTIONS
 
@@ -67,119 +53,31 @@ init = sfl.init
 output_model = sfl.output_model
 
 
-# ------------------------------------------------ the SFL round with hooks
-class SplitRound(NamedTuple):
-  """What :func:`split_round` returns: the round before part-1 aggregation."""
-
-  plan: RoundPlan
-  orders: jax.Array      # (T, n) processing order of every batch step
-  part1: tuple           # (n, ...) trained client portions
-  stats1: tuple
-  part2: tuple           # the server portion after the round
-  stats2: tuple
-  server_opt: object
-  loss_sums: jax.Array   # (T,) loss sums of the method's serve function
-  extra_sum: jax.Array   # () the serve function's second accumulator
-
-
-def default_serve(setup: Setup, tx):
-  """SFL's server step on a server carry ``(part2, stats2, opt2, extra_sum)``."""
-  def serve(srv, act, y, mask, k):
-    p2, s2, o2, extra = srv
-    p2, s2, o2, g_a, lsum = sfl.server_step(setup, tx, p2, s2, o2, act, y, mask)
-    return (p2, s2, o2, extra), g_a, lsum
-  return serve
-
-
-def split_round(setup: Setup, state, data, key, *, starts=None,
-                make_serve: Callable | None = None) -> SplitRound:
-  """SFL's round (``sfl.round``) without the part-1 aggregation, with hooks.
-
-  Args:
-    setup: static run description.
-    state: any state with SFL's fields (``part1``, ``part1_stats``,
-      ``part2``, ``part2_stats``, ``server_opt``, ``label_rank``, ``round``).
-    data: device data.
-    key: the round's PRNG key (``plan_round`` gets it as in ``sfl.round``).
-    starts: ``(n, ...)`` starting client portions of the participants;
-      None broadcasts ``state.part1``.
-    make_serve: ``(plan, x, idx, mask) -> serve`` building a batch step's
-      server function (see ``sfl.split_batch_step``) over the server carry
-      ``(part2, stats2, opt2, extra_sum)``; ``x`` is the step's normalised
-      inputs ``(n, B, ...)``.  None is SFL's server step.
-
-  Returns:
-    :class:`SplitRound`.
-  """
-  plan = plan_round(setup, data, key, state.round)
-  n = setup.clients_per_round
-  orders = common.processing_orders(setup.order, plan.order_key, plan.idx.shape[0],
-                                    plan.clients, data["dominant"], state.label_rank)
-  part1 = common.broadcast(state.part1, n) if starts is None else starts
-  stats1 = common.broadcast(state.part1_stats, n)
-  server = (state.part2, state.part2_stats,
-            common.with_lr(state.server_opt, plan.lr), jnp.zeros((), jnp.float32))
-
-  def step(carry, batch):
-    idx, mask, _ = batch
-    if make_serve is None:
-      serve = default_serve(setup, plan.tx)
-    else:
-      serve = make_serve(plan, batching.gather(data, idx)[0], idx, mask)
-    return sfl.split_batch_step(setup, plan.tx, data, carry, batch, serve)
-
-  carry = (part1, stats1, fresh_opt_states(plan, part1), server)
-  (part1, stats1, _, (p2, s2, o2, extra)), lsums = common.scan_live(
-      step, carry, (plan.idx, plan.mask, orders), common.live_steps(plan.mask))
-  return SplitRound(plan, orders, part1, stats1, p2, s2, o2, lsums, extra)
-
-
-def finish(state, out: SplitRound, part1, part1_stats, **extra_state):
-  """The next state and SFL's metrics from an aggregated client portion."""
-  new = state.replace(part1=part1, part1_stats=part1_stats, part2=out.part2,
-                      part2_stats=out.stats2, server_opt=out.server_opt,
-                      round=state.round + 1, **extra_state)
-  return new, round_metrics(out.plan, out.loss_sums,
-                            out.plan.clients[out.orders[0]])
-
-
-def sample_weighted(out: SplitRound):
-  """SFL's aggregation: the sample-weighted mean of parameters and stats."""
-  return (common.weighted_mean(out.part1, out.plan.sizes),
-          common.weighted_mean(out.stats1, out.plan.sizes))
-
-
-# ------------------------------------------------------------------ FedNTD
-def ntd_server_step(setup: Setup, tx, srv, act, y, mask, teacher_logits,
-                    beta: float, tau: float):
-  """One sequential server update with FedNTD's loss on one client batch.
-
-  Args:
-    setup, tx: run description and optimiser.
-    srv: ``(part2, stats2, opt2, reg_sum)``.
-    act, y, mask: the client's cut-layer activations, labels and mask.
-    teacher_logits: ``(B, L)`` the frozen global model's logits on the batch.
-    beta, tau: FedNTD's weight and temperature.
-
-  Returns:
-    ``(srv, gradient w.r.t. act, cross-entropy sum)``; an empty batch
-    changes nothing.
-  """
-  p2, s2, o2, reg = srv
-  active = jnp.any(mask)
-
-  def loss_fn(p, a):
-    logits, ns = setup.model.apply(p, s2, a, start=setup.cut, train=True, mask=mask)
-    ce = common.masked_cross_entropy(logits, y, mask)
+def ntd_loss_fn(teacher_logits, beta: float, tau: float):
+  """FedNTD's server loss on one client batch: ``CE + beta * NTD``, reported
+  as the cross-entropy with ``beta * NTD`` as the extra term."""
+  def loss(logits, y, mask):
+    ce = split.cross_entropy(logits, y, mask)[0]
     r = beta * fedntd.ntd_loss(logits, teacher_logits, y, mask, tau)
-    return ce + r, (ns, ce, r)
+    return ce + r, ce, r
+  return loss
 
-  (_, (ns, ce, r)), (g_p, g_a) = jax.value_and_grad(
-      loss_fn, argnums=(0, 1), has_aux=True)(p2, act)
-  p2, o2 = common.sgd_update(tx, p2, g_p, o2, active)
-  s2 = common.gate(active, ns, s2)
-  count = jnp.sum(mask)
-  return (p2, s2, o2, reg + r * count), g_a, ce * count
+
+def serve(setup: Setup, teacher, beta: float, tau: float):
+  """The server rule: SFL's, with the teacher's logits of the step's batches
+  (computed once per step for all participants) in the loss."""
+  def make(plan, step):
+    n, b = step.idx.shape
+    x = step.x.reshape((n * b,) + step.x.shape[2:])
+    t_logits = setup.model.apply(*teacher, x, train=False)[0].reshape(n, b, -1)
+
+    def one(srv, act, y, mask, k):
+      part2, reg = srv
+      part2, g_a, lsum, rsum = split.server_update(
+          setup, plan.tx, part2, act, y, mask, ntd_loss_fn(t_logits[k], beta, tau))
+      return (part2, reg + rsum), g_a, lsum
+    return split.sequential(one, setup.server_unroll)
+  return make
 
 
 def round(setup: Setup, state: State, data, key):
@@ -198,19 +96,13 @@ def round(setup: Setup, state: State, data, key):
   beta = float(setup.option("beta", 1.0))
   tau = float(setup.option("tau", 1.0))
   teacher = (state.part1 + state.part2, state.part1_stats + state.part2_stats)
-
-  def make_serve(plan, x, idx, mask):
-    n, b = idx.shape
-    t_logits = setup.model.apply(*teacher, x.reshape((n * b,) + x.shape[2:]),
-                                 train=False)[0].reshape(n, b, -1)
-
-    def serve(srv, act, y, m, k):
-      return ntd_server_step(setup, plan.tx, srv, act, y, m, t_logits[k], beta, tau)
-    return serve
-
-  out = split_round(setup, state, data, key, make_serve=make_serve)
-  new, metrics = finish(state, out, *sample_weighted(out))
-  metrics["reg_loss"] = out.extra_sum / jnp.maximum(metrics["samples"], 1)
+  start = sfl.server(state)
+  out = split.split_round(
+      setup, state, data, key, server=lambda plan: (start(plan), jnp.zeros((), jnp.float32)),
+      serve=serve(setup, teacher, beta, tau), label_rank=state.label_rank)
+  part2, reg = out.server
+  new, metrics = sfl.finish(state, out._replace(server=part2))
+  metrics["reg_loss"] = reg / jnp.maximum(metrics["samples"], 1)
   return new, metrics
 
 

@@ -16,14 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.engine import batching, common
-from jsfl.methods import sfl
+from jsfl.engine import common, split
 from jsfl.methods.base import (
   Setup,
-  fresh_opt_states,
-  map_clients,
-  plan_round,
-  round_metrics,
   split_communication,
 )
 
@@ -44,43 +39,30 @@ def init(setup: Setup, key) -> State:
                jnp.zeros((), jnp.int32))
 
 
-def split_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, idx, mask):
-  """One client's split step: part-1 forward, server part-2 copy forward and
-  backward, cut-layer gradient back, part-1 backward; both copies updated."""
-  x, y = batching.gather(data, idx)
-  active = jnp.any(mask)
-  act, vjp_fn, ns1 = jax.vjp(
-      lambda p: setup.model.apply(p, s1, x, train=True, mask=mask), p1,
-      has_aux=True)
+def server(state, n: int):
+  """Every participant's copy of part-2, each with a fresh optimiser."""
+  return lambda plan: split.fresh_stack(plan.tx, plan.lr, common.broadcast(state.part2, n),
+                                        common.broadcast(state.part2_stats, n))
 
-  loss, ns2, g2, g_a = sfl.server_grads(setup, p2, s2, act, y, mask)
-  (g1,) = vjp_fn(g_a)
-  p1, o1 = common.sgd_update(tx, p1, g1, o1, active)
-  p2, o2 = common.sgd_update(tx, p2, g2, o2, active)
-  s1 = common.gate(active, ns1, s1)
-  s2 = common.gate(active, ns2, s2)
-  return p1, s1, o1, p2, s2, o2, loss * jnp.sum(mask)
+
+def serve(setup: Setup):
+  """SplitFedV1's server rule: each participant trains its own part-2 copy."""
+  def make(plan, step):
+    def one(srv, act, y, mask, _):
+      srv, g_a, lsum, _ = split.server_update(setup, plan.tx, srv, act, y, mask)
+      return srv, g_a, lsum
+    return split.parallel(one, setup.client_exec)
+  return make
 
 
 def round(setup: Setup, state: State, data, key):
   """One SplitFedV1 round; same signature and metrics as ``fedavg.round``."""
-  plan = plan_round(setup, data, key, state.round)
-  n = setup.clients_per_round
-  p1, s1 = common.broadcast(state.part1, n), common.broadcast(state.part1_stats, n)
-  p2, s2 = common.broadcast(state.part2, n), common.broadcast(state.part2_stats, n)
-  carry = (p1, s1, fresh_opt_states(plan, p1), p2, s2, fresh_opt_states(plan, p2))
-
-  def step(carry, batch):
-    out = map_clients(
-        lambda *a: split_step(setup, plan.tx, data, *a), setup.client_exec,
-        *carry, *batch)
-    return out[:6], jnp.sum(out[6])
-
-  (p1, s1, _, p2, s2, _), lsums = common.scan_live(
-      step, carry, (plan.idx, plan.mask), common.live_steps(plan.mask))
-  avg = lambda t: common.weighted_mean(t, plan.sizes)
-  new = State(avg(p1), avg(s1), avg(p2), avg(s2), state.round + 1)
-  return new, round_metrics(plan, lsums)
+  out = split.split_round(setup, state, data, key,
+                          server=server(state, setup.clients_per_round),
+                          serve=serve(setup))
+  part2, stats2 = split.sample_weighted(out.server, out.plan)
+  new = State(out.part1, out.part1_stats, part2, stats2, state.round + 1)
+  return new, split.metrics(out)
 
 
 def output_model(setup: Setup, state: State):

@@ -6,8 +6,8 @@ Every client owns a part-1 that is never aggregated: the state holds all
 ``K`` copies stacked on a leading client axis; a round gathers the
 participants' copies by client id and scatters them back, so the copies of
 non-participants stay as they were.  The server gives every participant a copy
-of the shared part-2, trained on that client's activations only (the split
-step of SplitFedV1, ``splitfedv1.split_step``, all clients in one program);
+of the shared part-2, trained on that client's activations only (SplitFedV1's
+server rule on the split engine, all clients in one program);
 at round end the part-2 copies (and their BatchNorm statistics) are averaged
 uniformly.
 
@@ -39,16 +39,12 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.engine import common
+from jsfl.engine import common, split
 from jsfl.methods import splitfedv1
 from jsfl.methods.base import (
   LABEL_BYTES,
   Setup,
   activation_size,
-  fresh_opt_states,
-  map_clients,
-  plan_round,
-  round_metrics,
 )
 
 
@@ -70,7 +66,8 @@ def init(setup: Setup, key) -> State:
 
 
 def round(setup: Setup, state: State, data, key):
-  """One SplitFedV3 round.
+  """One SplitFedV3 round: SplitFedV1's server rule on the participants' own
+  part-1 copies, which are put back instead of aggregated.
 
   Args:
     setup: static run description.
@@ -82,29 +79,19 @@ def round(setup: Setup, state: State, data, key):
     ``(state, metrics)`` with ``loss``, ``samples`` and ``clients``
     (participants, ascending).
   """
-  plan = plan_round(setup, data, key, state.round)
-  n = setup.clients_per_round
-  p1 = common.take_rows(state.part1, plan.clients)
-  s1 = common.take_rows(state.part1_stats, plan.clients)
-  p2, s2 = common.broadcast(state.part2, n), common.broadcast(state.part2_stats, n)
-  carry = (p1, s1, fresh_opt_states(plan, p1), p2, s2, fresh_opt_states(plan, p2))
-
-  def step(carry, batch):
-    out = map_clients(
-        lambda *a: splitfedv1.split_step(setup, plan.tx, data, *a),
-        setup.client_exec, *carry, *batch)
-    return out[:6], jnp.sum(out[6])
-
-  (p1, s1, _, p2, s2, _), lsums = common.scan_live(
-      step, carry, (plan.idx, plan.mask), common.live_steps(plan.mask))
-  uniform = jnp.ones((n,), jnp.float32)
+  out = split.split_round(
+      setup, state, data, key, server=splitfedv1.server(state, setup.clients_per_round),
+      serve=splitfedv1.serve(setup), aggregate=None,
+      starts=lambda plan: split.fresh_stack(
+          plan.tx, plan.lr, common.take_rows(state.part1, plan.clients),
+          common.take_rows(state.part1_stats, plan.clients)))
+  clients = out.plan.clients
+  part2, stats2 = split.uniform(out.server, out.plan)
   new = state.replace(
-      part1=common.put_rows(state.part1, plan.clients, p1),
-      part1_stats=common.put_rows(state.part1_stats, plan.clients, s1),
-      part2=common.weighted_mean(p2, uniform),
-      part2_stats=common.weighted_mean(s2, uniform),
-      round=state.round + 1)
-  return new, round_metrics(plan, lsums)
+      part1=common.put_rows(state.part1, clients, out.clients.params),
+      part1_stats=common.put_rows(state.part1_stats, clients, out.clients.stats),
+      part2=part2, part2_stats=stats2, round=state.round + 1)
+  return new, split.metrics(out)
 
 
 def max_logit_select(logits_fn: Callable, stacked, x):

@@ -7,7 +7,8 @@ participants are visited one after another (an outer ``lax.scan`` over the
 visiting order); a visited client runs ``local_epochs`` epochs of split
 steps on its own batches (an inner ``lax.scan`` over its padded batch steps,
 empty ones masked out), updating part-1 and part-2, then hands part-1 on to
-the next client.  A split step is SplitFedV1's (``splitfedv1.split_step``).
+the next client.  A split step is the split engine's batch step with a
+single participant (``jsfl.engine.split.batch_step``) and SFL's server rule.
 
 Visiting order (``setup.order``, the server processing orders of SPEC 1.2 at
 the granularity of whole clients):
@@ -30,8 +31,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from jsfl.engine import common
-from jsfl.methods import sfl, splitfedv1
+from jsfl.engine import batching, common, split
+from jsfl.methods import sfl
 from jsfl.methods.base import Setup, plan_round, round_metrics, split_communication
 
 # One part-1, one part-2 and the server optimiser state: exactly SFL's state.
@@ -51,7 +52,7 @@ def visiting_order(setup: Setup, order_key, clients, dominant, label_rank,
 
 
 def round(setup: Setup, state: State, data, key):
-  """One SplitNN round.
+  """One SplitNN round: the split engine's batch step, one client at a time.
 
   Args:
     setup: static run description (``setup.order`` picks the visiting order).
@@ -64,29 +65,33 @@ def round(setup: Setup, state: State, data, key):
     (participants in visiting order).
   """
   plan = plan_round(setup, data, key, state.round)
-  tx = plan.tx
   order = visiting_order(setup, plan.order_key, plan.clients, data["dominant"],
                          state.label_rank, state.round)
-  # (n, T, B): each client's batch steps, clients in visiting order.
-  idx = jnp.swapaxes(plan.idx, 0, 1)[order]
-  mask = jnp.swapaxes(plan.mask, 0, 1)[order]
+  # (n, T, 1, B): each client's batch steps, clients in visiting order, as a
+  # participant axis of one.
+  idx = jnp.swapaxes(plan.idx, 0, 1)[order][:, :, None]
+  mask = jnp.swapaxes(plan.mask, 0, 1)[order][:, :, None]
+  serve = sfl.serve(setup)(plan, None)
+  only = jnp.zeros((1,), jnp.int32)
 
   def step(carry, batch):
-    *carry, lsum = splitfedv1.split_step(setup, tx, data, *carry, *batch)
-    return tuple(carry), lsum
+    i, m = batch
+    x, y = batching.gather(data, i)
+    client, srv, lsum = split.batch_step(setup, plan.tx, *carry,
+                                         split.Step(x, y, i, m), only, serve)
+    return (client, srv), lsum
 
   def visit(carry, client_batches):
-    p1, s1, p2, s2, o2 = carry
-    o1 = common.with_lr(tx.init(p1), plan.lr)
-    (p1, s1, _, p2, s2, o2), lsums = lax.scan(
-        step, (p1, s1, o1, p2, s2, o2), client_batches)
-    return (p1, s1, p2, s2, o2), jnp.sum(lsums)
+    part1, stats1, srv = carry  # part-1 relayed from the previous client
+    client = split.fresh_stack(plan.tx, plan.lr, common.broadcast(part1, 1),
+                               common.broadcast(stats1, 1))
+    (client, srv), lsums = lax.scan(step, (client, srv), client_batches)
+    return (*common.take_rows((client.params, client.stats), 0), srv), jnp.sum(lsums)
 
-  carry = (state.part1, state.part1_stats, state.part2, state.part2_stats,
-           common.with_lr(state.server_opt, plan.lr))
-  (p1, s1, p2, s2, o2), lsums = lax.scan(visit, carry, (idx, mask))
-  new = state.replace(part1=p1, part1_stats=s1, part2=p2, part2_stats=s2,
-                      server_opt=o2, round=state.round + 1)
+  (p1, s1, srv), lsums = lax.scan(
+      visit, (state.part1, state.part1_stats, sfl.server(state)(plan)), (idx, mask))
+  new = state.replace(part1=p1, part1_stats=s1, part2=srv.params, part2_stats=srv.stats,
+                      server_opt=srv.opt, round=state.round + 1)
   return new, round_metrics(plan, lsums, plan.clients[order])
 
 

@@ -1,0 +1,272 @@
+"""The split round: one engine for every split-learning method.
+
+A round of split learning has the same skeleton in every method of the
+family: the round's participants and batches are drawn (``plan_round``);
+then, per batch step, every participant's client portion (part-1) runs
+forward in one program, the server turns the cut-layer activations into
+activation gradients, and every participant runs part-1 backward and steps
+its optimiser; at the end the trained client portions are aggregated.  What
+differs between methods is a handful of hooks:
+
+* the **server rule** ``serve(server, acts, y, mask, order) -> (server,
+  g_acts, loss_sum)``: one sequential server portion (:func:`sequential`,
+  SFL), a merged batch (:func:`merged`, MergeSFL), a server copy per client
+  (:func:`parallel`, SplitFedV1/V3); its ``server`` carry is any pytree
+  (SFL's part-2, Hydra's part-2a and stacked heads, ...);
+* the **server loss** (:func:`server_update`'s ``loss``: cross-entropy by
+  default, FedNTD's distillation loss, label smoothing, ...);
+* the clients' **start** portions (broadcast global part-1 by default;
+  FedMut's mutated copies, SplitFedV3's own per-client copies);
+* the **aggregation** of the trained client portions (sample-weighted mean
+  by default; FedExp's extrapolation; none for per-client portions).
+
+Every optimiser step is gated on the batch mask through :class:`Portion`, so
+a participant without data at a step (or a server serving an empty batch)
+leaves parameters, BatchNorm statistics and optimiser state untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax import lax
+
+from jsfl.engine import batching, common
+from jsfl.methods.base import map_clients, plan_round, round_metrics
+
+
+@struct.dataclass
+class Portion:
+  """A trainable slice of the model: parameters, BatchNorm statistics and
+  the optimiser state that moves them.  Leaves may carry leading axes (a
+  stack of client copies, of heads)."""
+
+  params: Any
+  stats: Any
+  opt: Any
+
+  def step(self, tx, grads, stats, active) -> Portion:
+    """One optimiser step and the forward pass's new statistics, both kept
+    only where ``active``: momentum and weight decay must not move a portion
+    on a step that had no data for it."""
+    updates, opt = tx.update(grads, self.opt, self.params)
+    new = Portion(optax.apply_updates(self.params, updates), stats, opt)
+    return common.gate(active, new, self)
+
+
+def fresh(tx, lr, params, stats) -> Portion:
+  """A portion with a new optimiser state at learning rate ``lr``."""
+  return Portion(params, stats, common.with_lr(tx.init(params), lr))
+
+
+def fresh_stack(tx, lr, params, stats) -> Portion:
+  """Stacked portions, each with its own new optimiser state (a client's
+  optimiser lives one round, SPEC 1.3)."""
+  return Portion(params, stats,
+                 jax.vmap(lambda p: common.with_lr(tx.init(p), lr))(params))
+
+
+def kept(opt, lr, params, stats) -> Portion:
+  """A portion whose optimiser state persists across rounds (a server's)."""
+  return Portion(params, stats, common.with_lr(opt, lr))
+
+
+# ----------------------------------------------------------- server losses
+def cross_entropy(logits, y, mask):
+  """The default server loss: ``(mean cross-entropy, reported loss, extra)``."""
+  ce = common.masked_cross_entropy(logits, y, mask)
+  return ce, ce, jnp.zeros((), jnp.float32)
+
+
+def server_grads(setup, params, stats, act, y, mask, loss=cross_entropy):
+  """A server portion's loss on one batch of activations and its gradients.
+
+  Returns:
+    ``(reported, extra, new stats, grad w.r.t. params, grad w.r.t. act)``;
+    ``loss`` as for :func:`server_update`.
+  """
+  def objective(p, a):
+    logits, ns = setup.model.apply(p, stats, a, start=setup.cut, train=True, mask=mask)
+    obj, reported, extra = loss(logits, y, mask)
+    return obj, (ns, reported, extra)
+
+  (_, (ns, reported, extra)), (g_p, g_a) = jax.value_and_grad(
+      objective, argnums=(0, 1), has_aux=True)(params, act)
+  return reported, extra, ns, g_p, g_a
+
+
+def server_update(setup, tx, server: Portion, act, y, mask, loss=cross_entropy):
+  """One update of a single server portion on one batch of activations.
+
+  Args:
+    setup: static run description (model and cut).
+    tx: the optimiser.
+    server: the server portion (stages ``[cut, end)``).
+    act, y, mask: the cut-layer activations, labels and mask.
+    loss: ``(logits, y, mask) -> (objective, reported, extra)``: the
+      objective is differentiated; ``reported`` (the loss metric) and
+      ``extra`` (a second per-sample quantity, e.g. a regulariser) are
+      accumulated as sums over samples.
+
+  Returns:
+    ``(server, gradient w.r.t. act, reported sum, extra sum)``; a no-op on
+    an empty batch.
+  """
+  reported, extra, ns, g_p, g_a = server_grads(setup, server.params, server.stats, act,
+                                               y, mask, loss)
+  count = jnp.sum(mask)
+  return server.step(tx, g_p, ns, jnp.any(mask)), g_a, reported * count, extra * count
+
+
+# -------------------------------------------------------------- server rules
+def sequential(one: Callable, unroll: int = 1) -> Callable:
+  """One server carry updated participant after participant in ``order``.
+
+  ``one(server, act, y, mask, k) -> (server, g_act, loss_sum)`` serves
+  participant ``k``; the activation gradients come back in participant order.
+  """
+  def serve(server, acts, y, mask, order):
+    def visit(srv, k):
+      srv, g_a, lsum = one(srv, acts[k], y[k], mask[k], k)
+      return srv, (g_a, lsum)
+
+    server, (g_ordered, lsums) = lax.scan(visit, server, order, unroll=unroll)
+    return server, jnp.zeros_like(g_ordered).at[order].set(g_ordered), jnp.sum(lsums)
+  return serve
+
+
+def merged(one: Callable) -> Callable:
+  """The participants' batches as one server batch (one update a step)."""
+  def serve(server, acts, y, mask, order):
+    flat = lambda a: a.reshape((-1,) + a.shape[2:])
+    server, g, lsum = one(server, flat(acts), flat(y), flat(mask), None)
+    return server, g.reshape(acts.shape), lsum
+  return serve
+
+
+def parallel(one: Callable, client_exec: str = "vmap") -> Callable:
+  """A server carry per participant (leading axis n), served side by side."""
+  def serve(server, acts, y, mask, order):
+    k = jnp.arange(acts.shape[0])
+    server, g, lsums = map_clients(one, client_exec, server, acts, y, mask, k)
+    return server, g, jnp.sum(lsums)
+  return serve
+
+
+# ---------------------------------------------------------------- the round
+class Step(NamedTuple):
+  """One batch step's inputs, for server rules that need more than the
+  activations (FedNTD's teacher sees the raw inputs)."""
+
+  x: jax.Array      # (n, B, ...) normalised inputs
+  y: jax.Array      # (n, B) labels
+  idx: jax.Array    # (n, B) sample indices
+  mask: jax.Array   # (n, B)
+
+
+def batch_step(setup, tx, clients: Portion, server, step: Step, order, serve):
+  """One batch step: part-1 forward of all clients, the server rule, part-1
+  backward and a gated step of every client that had a batch.
+
+  Returns:
+    ``(clients, server, loss_sum)``.
+  """
+  has = jnp.any(step.mask, axis=1)
+  forward = lambda p: map_clients(
+      lambda pp, s, xx, m: setup.model.apply(pp, s, xx, train=True, mask=m),
+      setup.client_exec, p, clients.stats, step.x, step.mask)
+  acts, vjp_fn, new_stats = jax.vjp(forward, clients.params, has_aux=True)
+  server, g_acts, lsum = serve(server, acts, step.y, step.mask, order)
+  (g1,) = vjp_fn(g_acts)
+  clients = jax.vmap(lambda c, g, s, a: c.step(tx, g, s, a))(clients, g1, new_stats, has)
+  return clients, server, lsum
+
+
+class SplitRound(NamedTuple):
+  """A split round's outcome, before the method writes its next state."""
+
+  plan: Any              # base.RoundPlan
+  orders: jax.Array      # (T, n) processing order of every batch step
+  clients: Portion       # (n, ...) trained client portions
+  part1: Any             # aggregated part-1 params (None: not aggregated)
+  part1_stats: Any
+  server: Any            # the server carry after the round
+  loss_sums: jax.Array   # (T,)
+
+
+def sample_weighted(clients: Portion, plan):
+  """The sample-weighted mean of the trained client portions (FedAvg's)."""
+  return (common.weighted_mean(clients.params, plan.sizes),
+          common.weighted_mean(clients.stats, plan.sizes))
+
+
+def uniform(clients: Portion, plan):
+  """The plain mean of the trained client portions."""
+  w = jnp.ones_like(plan.sizes, jnp.float32)
+  return common.weighted_mean(clients.params, w), common.weighted_mean(clients.stats, w)
+
+
+def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
+                starts: Callable | None = None,
+                aggregate: Callable | None = sample_weighted,
+                label_rank=None) -> SplitRound:
+  """One round of a split method.
+
+  Args:
+    setup: static run description.
+    state: the method's state; ``round`` is read, and ``part1`` /
+      ``part1_stats`` when ``starts`` is None.
+    data: device data.
+    key: the round's PRNG key.
+    server: ``plan -> server carry`` at the start of the round.
+    serve: ``(plan, step) -> serve function`` of a batch step (a server rule
+      from :func:`sequential`, :func:`merged` or :func:`parallel`, or any
+      function of that signature).
+    starts: ``plan -> Portion`` of the participants' starting client
+      portions (leading axis n); None broadcasts the global part-1 with
+      fresh optimiser states.
+    aggregate: ``(clients, plan) -> (part1, part1_stats)``; None leaves the
+      trained portions unaggregated (``SplitRound.clients`` holds them).
+    label_rank: the run's label cycle, for the cyclic processing orders;
+      None serves participants in ascending id order every step.
+
+  Returns:
+    :class:`SplitRound`.
+  """
+  plan = plan_round(setup, data, key, state.round)
+  n, num_steps = setup.clients_per_round, plan.idx.shape[0]
+  if label_rank is None:
+    orders = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (num_steps, n))
+  else:
+    orders = common.processing_orders(setup.order, plan.order_key, num_steps,
+                                      plan.clients, data["dominant"], label_rank)
+  if starts is None:
+    clients = fresh_stack(plan.tx, plan.lr, common.broadcast(state.part1, n),
+                          common.broadcast(state.part1_stats, n))
+  else:
+    clients = starts(plan)
+
+  def one_step(carry, batch):
+    idx, mask, order = batch
+    x, y = batching.gather(data, idx)
+    step = Step(x, y, idx, mask)
+    clients, srv, lsum = batch_step(setup, plan.tx, *carry, step, order,
+                                    serve(plan, step))
+    return (clients, srv), lsum
+
+  (clients, srv), lsums = common.scan_live(
+      one_step, (clients, server(plan)), (plan.idx, plan.mask, orders),
+      common.live_steps(plan.mask))
+  part1, stats1 = aggregate(clients, plan) if aggregate else (None, None)
+  return SplitRound(plan, orders, clients, part1, stats1, srv, lsums)
+
+
+def metrics(out: SplitRound) -> dict:
+  """The split family's metrics: mean loss, samples, and the participants in
+  the first batch step's processing order."""
+  return round_metrics(out.plan, out.loss_sums, out.plan.clients[out.orders[0]])
