@@ -279,6 +279,9 @@ CASES = {
     # the authors' defaults over two local epochs: a fresh replay copy per epoch
     "authors-E2": {"cut": 1, "rounds": 2, "local_epochs": 2, "client_exec": "map",
                    "opts": {"p0": 0.3, "p_max": 0.6}},
+    # the same, clients unrolled: branches without a batch skip the step
+    "authors-unroll": {"cut": 1, "rounds": 2, "local_epochs": 2, "client_exec": "unroll",
+                       "opts": {"p0": 0.3, "p_max": 0.6}},
     # the --DB 2 rule on -FGN, two local epochs
     "relative-E2": {"cut": 1, "rounds": 3, "local_epochs": 2,
                     "opts": {"p_rule": "relative", "grad_signal": "spec", "p0": 0.2,

@@ -760,6 +760,26 @@ def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, sqsum, f1,
   return p1, s1, o1, p2, s2, o2, gsum, sqsum, loss * count, count
 
 
+def idle_or_step(setup: Setup, tx, data, *args):
+  """:func:`branch_step`, skipped outright for a branch whose main client has
+  no batch at this step.
+
+  A round's step axis is as long as its largest participant's local data,
+  so under Dirichlet partitions most branches sit out many steps.  With the
+  clients looped (``client_exec`` ``map`` / ``unroll``) the ``lax.cond``
+  runs only the taken branch, so those steps cost nothing; under ``vmap``
+  it becomes a select and both sides run.  Both sides give the same values:
+  :func:`branch_step` changes nothing on an empty main batch.
+  """
+  if setup.client_exec == "vmap":
+    return branch_step(setup, tx, data, *args)
+  p1, s1, o1, p2, s2, o2, gsum, sqsum = args[:8]
+  mask = args[11]
+  idle = lambda: (p1, s1, o1, p2, s2, o2, gsum, sqsum, jnp.zeros((), jnp.float32),
+                  jnp.zeros((), jnp.int32))
+  return lax.cond(jnp.any(mask), lambda: branch_step(setup, tx, data, *args), idle)
+
+
 def separate_server_grads(setup: Setup, p2, s2, act, y, mask, ract, yr, rmask):
   """The server portion on the main features, then on the replay features
   (two BatchNorm batches; the statistics updated by both, in that order, the
@@ -846,9 +866,8 @@ def round(setup: Setup, state: State, data, key):
       fresh = t % t_ep == 0
       f1, fs1 = jax.tree.map(lambda new, old: jnp.where(fresh, new, old),
                              (carry[0], carry[1]), (f1, fs1))
-    out = map_clients(
-        lambda *a: branch_step(setup, tx, data, *a), setup.client_exec,
-        *carry, f1, fs1, *batch)
+    out = map_clients(lambda *a: idle_or_step(setup, tx, data, *a), setup.client_exec,
+                      *carry, f1, fs1, *batch)
     return (*out[:8], f1, fs1), (jnp.sum(out[8]), jnp.sum(out[9]))
 
   carry, (lsums, counts) = common.scan_live(
