@@ -116,8 +116,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                            range="[0, inf)"),
     },
     "exec": {
-        "client_exec": _f(str, "vmap", "how the clients' portions run in one program",
-                          ("vmap", "map", "unroll")),
+        "client_exec": _f(str, "auto", "how the clients' portions run in one program; auto "
+                          "= the measured default of the backend "
+                          "(runner.default_client_exec)", ("auto", "vmap", "map", "unroll")),
         "seed_exec": _f(str, "auto", "how the seed axis runs in one program; auto = the "
                         "measured default of the backend (runner.default_seed_exec)",
                         ("auto", "vmap", "map")),
@@ -267,7 +268,7 @@ def _check_open(where: str, value):
 def method_options(name: str) -> dict[str, Option]:
   """The ``[method]`` keys that only method ``name`` reads, as Options."""
   from jsfl.methods.base import get_method
-  return {k: as_option(v) for k, v in getattr(get_method(name), "OPTIONS", {}).items()}
+  return {k: as_option(v) for k, v in get_method(name).options.items()}
 
 
 def _check_method_options(cfg):

@@ -132,7 +132,7 @@ def ref_fedavg(setup, data, key, rounds):
   return (params, stats), losses
 
 
-@pytest.mark.parametrize("client_exec", ["vmap", "map"])
+@pytest.mark.parametrize("client_exec", ["vmap", "map", "unroll"])
 def test_fedavg_equals_loop(client_exec):
   data = make_fed_data([13, 7, 20, 5])
   setup = make_setup(tiny_model(), data, client_exec=client_exec,
@@ -145,9 +145,10 @@ def test_fedavg_equals_loop(client_exec):
   np.testing.assert_allclose(losses, ref_losses, **TOL)
 
 
-def test_splitfedv1_equals_fedavg():
+@pytest.mark.parametrize("client_exec", ["vmap", "unroll"])
+def test_splitfedv1_equals_fedavg(client_exec):
   data = make_fed_data([13, 7, 20, 5])
-  setup = make_setup(tiny_model(), data, local_epochs=2)
+  setup = make_setup(tiny_model(), data, local_epochs=2, client_exec=client_exec)
   key = jax.random.key(4)
   s_v1, l_v1 = run_rounds(splitfedv1, setup, data, key, 2)
   s_fa, l_fa = run_rounds(fedavg, setup, data, key, 2)
@@ -260,3 +261,10 @@ def test_sfl_order_actually_matters():
   diff = max(float(jnp.abs(x - y).max()) for x, y in
              zip(jax.tree.leaves(a.part2), jax.tree.leaves(b.part2)))
   assert diff > 1e-4
+
+
+def test_default_client_exec_per_backend():
+  from jsfl import runner
+  assert runner.default_client_exec(10, "cpu") == "unroll"
+  assert runner.default_client_exec(runner.UNROLL_MAX_CLIENTS + 1, "cpu") == "vmap"
+  assert runner.default_client_exec(10, "gpu") == "vmap"

@@ -29,8 +29,8 @@ from test_methods_equivalence import (
   zeros_like,
 )
 
-from jsfl.engine import batching, common
-from jsfl.methods import cwc, fedavg, fedcurv, fedntd, fedprox, fedseq, parallel, sfedkd
+from jsfl.engine import batching, common, parallel
+from jsfl.methods import cwc, fedavg, fedcurv, fedntd, fedprox, fedseq, sfedkd
 
 DATA_SIZES = [13, 7, 20, 5, 9]
 

@@ -1,9 +1,11 @@
-"""The parallel FL round with a pluggable local loss term (SPEC 5 baselines).
+"""The parallel round: FedAvg and every method that is FedAvg with hooks.
 
-FedProx, FedCurv and FedNTD are FedAvg (McMahan et al., AISTATS 2017) whose
-clients minimise ``CE + extra`` instead of ``CE``; SFedKD's paper (Table 1)
-runs them as its parallel baselines.  This module is that round written once:
-:func:`parallel_round` is ``jsfl.methods.fedavg.round`` with three hooks:
+FedAvg (McMahan et al., "Communication-Efficient Learning of Deep Networks
+from Decentralized Data", AISTATS 2017): every participant trains the whole
+model from the global one for ``local_epochs`` epochs and the server takes the
+sample-weighted mean.  FedProx, FedCurv and FedNTD (the parallel baselines of
+SFedKD's paper) are the same round whose clients minimise ``CE + extra``;
+:func:`parallel_round` takes the variation as hooks:
 
 * ``aux(p, batch, client) -> scalar``: the extra loss term of one client on
   one batch (batch-mean, like the cross-entropy), differentiated with it;
@@ -12,22 +14,21 @@ runs them as its parallel baselines.  This module is that round written once:
 * ``after(plan, state, params, stats, data) -> extra``: the method state
   carried to the next round, computed from the clients' trained models.
 
-With no hooks the round is exactly FedAvg (tested: FedProx with mu = 0
-equals ``fedavg.round``), so the baselines differ from FedAvg only in their
-loss term.  :func:`train_client`, :func:`client_loss` and :class:`Client`
-are shared with the sequential engine (``jsfl.methods.fedseq``).
+With no hooks the round is FedAvg (``jsfl.methods.fedavg``).
+:func:`train_client`, :func:`client_loss` and :class:`Client` are shared
+with the sequential methods (``jsfl.methods.fedseq``).
 
-Loop structure: clients outer (``map_clients`` with ``exec.client_exec``),
-each client's batch steps inner (a ``lax.scan`` that skips empty padded
-steps with ``lax.cond``), where ``fedavg.py`` scans the batch steps and maps
-the clients inside each step.  Clients are independent within a round, so
-the values are the same; with ``client_exec = "map"`` on a CPU the padded
-steps of small clients cost nothing (ExDir(2, 0.5) on Fashion-MNIST pads
-every client to the largest one's ~30 batches per epoch: ~4x less work).
+Loop order (``exec.client_exec``), the same values either way since clients
+are independent within a round:
 
-Departure from ``fedavg.py``: none in the math.  The round is written here
-rather than as a ``loss_fn`` argument to ``fedavg.local_step`` because this
-module's issue may not edit ``fedavg.py``.
+* ``vmap``: batch steps outer (a ``lax.scan`` that stops after the round's
+  last step with data), the participants vmapped inside each step; on an
+  accelerator this fills the device with all clients at once;
+* ``map`` / ``unroll``: clients outer (a rolled ``lax.map`` or an unrolled
+  loop), each client scanning its own batch steps and skipping the empty
+  padded ones with ``lax.cond``; on a CPU, under skewed partitions, a small
+  client's padded steps then cost nothing (``benchmarks/results/``
+  ``parallel_order-*.json`` has the measurement behind the CPU default).
 """
 
 from __future__ import annotations
@@ -167,6 +168,28 @@ def train_client(setup: Setup, plan, data, params, stats, idx, mask,
   return params, stats, jnp.sum(sums, axis=0)
 
 
+def train_clients_per_step(setup: Setup, plan, data, params, stats, aux=zero_aux,
+                           ctx=None, start=None):
+  """All participants' local training, batch steps outer, clients vmapped
+  per step (``client_exec = "vmap"``); arguments as :func:`train_clients`."""
+  if start is None:
+    start = jax.tree.map(lambda a: a[0], (params, stats))
+  opt = jax.vmap(lambda p: common.with_lr(plan.tx.init(p), plan.lr))(params)
+
+  def step(carry, batch):
+    p, s, o = carry
+    i, m = batch
+    p, s, o, sums = map_clients(
+        lambda pp, ss, oo, ii, mm, c: local_step(setup, plan.tx, data, pp, ss, oo, ii, mm,
+                                                 aux, Client(start[0], start[1], c)),
+        setup.client_exec, p, s, o, i, m, ctx)
+    return (p, s, o), jnp.sum(sums, axis=0)
+
+  (params, stats, _), sums = common.scan_live(
+      step, (params, stats, opt), (plan.idx, plan.mask), common.live_steps(plan.mask))
+  return params, stats, jnp.sum(sums, axis=0)
+
+
 def train_clients(setup: Setup, plan, data, params, stats, aux=zero_aux,
                   ctx=None, start=None):
   """All participants' local training from their stacked starting models.
@@ -231,8 +254,9 @@ def parallel_round(setup: Setup, state: State, data, key, *, aux=zero_aux,
   params = common.broadcast(state.params, n)
   stats = common.broadcast(state.stats, n)
   ctx = None if ctx_fn is None else ctx_fn(plan, state)
-  params, stats, sums = train_clients(setup, plan, data, params, stats, aux,
-                                      ctx, (state.params, state.stats))
+  train = train_clients_per_step if setup.client_exec == "vmap" else train_clients
+  params, stats, sums = train(setup, plan, data, params, stats, aux, ctx,
+                              (state.params, state.stats))
   extra = state.extra if after is None else after(plan, state, params, stats, data)
   new = State(common.weighted_mean(params, plan.sizes),
               common.weighted_mean(stats, plan.sizes), state.round + 1, extra)
@@ -251,24 +275,12 @@ def model_bytes(setup: Setup) -> int:
   return portion_bytes(setup.model, 0, setup.model.num_stages)
 
 
-# The plain FedAvg round through this engine, so the module is a method
-# (not registered; FedProx with mu = 0 is the same round under a config name).
-OPTIONS: dict = {}
-
-
-def init(setup: Setup, key) -> State:
-  return init_state(setup, key)
-
-
-def round(setup: Setup, state: State, data, key):
-  return parallel_round(setup, state, data, key)
-
-
 def output_model(setup: Setup, state: State):
+  """The global model."""
   return state.params, state.stats
 
 
 def communication(setup: Setup, samples: int):
-  """Whole model down and up per participant."""
+  """Whole model (with BN statistics) down and up per participant."""
   b = setup.clients_per_round * model_bytes(setup)
   return b, b

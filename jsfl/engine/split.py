@@ -124,6 +124,20 @@ def server_update(setup, tx, server: Portion, act, y, mask, loss=cross_entropy):
 
 
 # -------------------------------------------------------------- server rules
+def skip_idle(one: Callable, mask) -> Callable:
+  """``one`` run only when ``mask`` has a sample (``lax.cond``).
+
+  A server step on an empty batch changes nothing, so the idle side returns
+  the carry, a zero activation gradient and a zero loss.  Where the cond is
+  a real branch (a rolled scan, looped clients) the padded steps of small
+  clients cost nothing; under vmap it is a select with the same values.
+  """
+  def run(srv, act, y, m, k):
+    idle = lambda: (srv, jnp.zeros_like(act), jnp.zeros((), jnp.float32))
+    return lax.cond(jnp.any(mask), lambda: one(srv, act, y, m, k), idle)
+  return run
+
+
 def sequential(one: Callable, unroll: int = 1) -> Callable:
   """One server carry updated participant after participant in ``order``.
 
@@ -132,7 +146,7 @@ def sequential(one: Callable, unroll: int = 1) -> Callable:
   """
   def serve(server, acts, y, mask, order):
     def visit(srv, k):
-      srv, g_a, lsum = one(srv, acts[k], y[k], mask[k], k)
+      srv, g_a, lsum = skip_idle(one, mask[k])(srv, acts[k], y[k], mask[k], k)
       return srv, (g_a, lsum)
 
     server, (g_ordered, lsums) = lax.scan(visit, server, order, unroll=unroll)
@@ -151,9 +165,12 @@ def merged(one: Callable) -> Callable:
 
 def parallel(one: Callable, client_exec: str = "vmap") -> Callable:
   """A server carry per participant (leading axis n), served side by side."""
+  def one_or_idle(srv, act, y, mask, k):
+    return (one if client_exec == "vmap" else skip_idle(one, mask))(srv, act, y, mask, k)
+
   def serve(server, acts, y, mask, order):
     k = jnp.arange(acts.shape[0])
-    server, g, lsums = map_clients(one, client_exec, server, acts, y, mask, k)
+    server, g, lsums = map_clients(one_or_idle, client_exec, server, acts, y, mask, k)
     return server, g, jnp.sum(lsums)
   return serve
 
@@ -177,9 +194,18 @@ def batch_step(setup, tx, clients: Portion, server, step: Step, order, serve):
     ``(clients, server, loss_sum)``.
   """
   has = jnp.any(step.mask, axis=1)
-  forward = lambda p: map_clients(
-      lambda pp, s, xx, m: setup.model.apply(pp, s, xx, train=True, mask=m),
-      setup.client_exec, p, clients.stats, step.x, step.mask)
+
+  def part1(pp, s, xx, m):
+    run = lambda: setup.model.apply(pp, s, xx, train=True, mask=m)
+    if setup.client_exec == "vmap":
+      return run()
+    # Looped clients: a client without a batch skips its forward (and so its
+    # backward); its output is discarded by the gated step.
+    act = jax.eval_shape(run)[0]
+    return lax.cond(jnp.any(m), run, lambda: (jnp.zeros(act.shape, act.dtype), s))
+
+  forward = lambda p: map_clients(part1, setup.client_exec, p, clients.stats, step.x,
+                                  step.mask)
   acts, vjp_fn, new_stats = jax.vjp(forward, clients.params, has_aux=True)
   server, g_acts, lsum = serve(server, acts, step.y, step.mask, order)
   (g1,) = vjp_fn(g_acts)

@@ -1,16 +1,10 @@
 """What every method shares: the static setup, client execution, the registry.
 
-A method is a module with three pure functions (FedJAX-style ``init`` +
-``apply``, here ``round``):
-
-* ``init(setup, key) -> state``: a pytree (a ``flax.struct`` dataclass);
-* ``round(setup, state, data, key) -> (state, metrics)``: one round, pure and
-  jittable; the runner vmaps it over the seed axis and jits it once;
-* ``output_model(setup, state) -> (params, stats)``: the model a method outputs
-  for evaluation;
-
-plus ``communication(setup, samples) -> (bytes_up, bytes_down)`` computed on
-the host from the round's processed-sample count.
+A method is a value, :class:`Method` (FedJAX-style ``init`` + ``apply``, here
+``round``), defined as ``METHOD`` in its module and registered by name in
+``jsfl.methods.registry``.  Its round is built on one of the two engines:
+``jsfl.engine.parallel`` (FedAvg and its loss-term variants) or
+``jsfl.engine.split`` (the split family).
 
 ``data`` is a dict of device arrays: ``x`` (uint8 train images), ``y``,
 ``mean``, ``std`` (shared by seeds) and ``table`` / ``sizes`` / ``dominant``
@@ -129,11 +123,50 @@ def round_metrics(plan: RoundPlan, loss_sums, clients=None) -> dict:
 
 
 
-def get_method(name: str):
-  """The method module registered under ``name``."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Method:
+  """A method as a value (the ``METHOD`` of its module, registered by name in
+  ``jsfl.methods.registry``).
+
+  * ``init(setup, key) -> state``: a pytree;
+  * ``round(setup, state, data, key) -> (state, metrics)``: one round, pure
+    and jittable; the runner maps it over the seed axis and jits it once;
+  * ``output_model(setup, state) -> (params, stats)``: the model evaluated;
+  * ``communication(setup, samples) -> (bytes_up, bytes_down)`` of a round
+    from its processed-sample count (a round may return ``bytes_up`` /
+    ``bytes_down`` metrics itself, which take precedence);
+  * ``options``: the method's own ``[method]`` keys (name -> ``Option``);
+  * ``predict(setup, state, x) -> logits``: for outputs that are not one
+    staged model (SplitFedV3, MultiHead); None evaluates ``output_model``;
+  * ``validate(setup)``: raises ValueError for an impossible option value
+    that needs the model or the data sizes to see;
+  * ``artifacts(setup, partitions) -> {file name: JSON object}``: extra
+    files of the run directory (Hydra's ``groups.json``);
+  * ``label_rank(state) -> (L,)``: the run's label cycle, for methods with
+    cyclic processing orders (per-position accuracy).
+  """
+
+  init: Callable
+  round: Callable
+  output_model: Callable
+  communication: Callable
+  options: dict = dataclasses.field(default_factory=dict)
+  predict: Callable | None = None
+  validate: Callable | None = None
+  artifacts: Callable | None = None
+  label_rank: Callable | None = None
+
+
+def label_rank_of(state):
+  """``state.label_rank``: the ``Method.label_rank`` of states that hold one."""
+  return state.label_rank
+
+
+def get_method(name: str) -> Method:
+  """The method registered under ``name``."""
   if name not in METHODS:
     raise ValueError(f"method={name!r}; allowed: {', '.join(sorted(METHODS))}")
-  return importlib.import_module(METHODS[name])
+  return importlib.import_module(METHODS[name]).METHOD
 
 
 LABEL_BYTES = 4  # labels travel as int32

@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.methods import fedcurv, fedseq, parallel
-from jsfl.methods.base import Setup, plan_round
+from jsfl.engine import parallel
+from jsfl.methods import fedcurv, fedseq
+from jsfl.methods.base import Method, Setup, label_rank_of, plan_round
 from jsfl.options import Option
 
 # lam < 0 would reward moving away from the consolidated weights; sigma > 1
@@ -97,3 +98,4 @@ def communication(setup: Setup, samples: int):
   return b, b
 
 
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, label_rank=label_rank_of)

@@ -32,9 +32,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsfl.engine import batching, common
-from jsfl.methods import parallel
-from jsfl.methods.base import Setup, map_clients
+from jsfl.engine import batching, common, parallel
+from jsfl.methods.base import Method, Setup, map_clients
 from jsfl.options import Option
 
 FISHER_MODES = ("batch", "sample")
@@ -171,3 +170,6 @@ def communication(setup: Setup, samples: int):
   """Per participant: model + U + V down, model + F + F*w up (3 models each)."""
   b = 3 * setup.clients_per_round * parallel.model_bytes(setup)
   return b, b
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jsfl.methods import parallel
-from jsfl.methods.base import Setup
+from jsfl.engine import parallel
+from jsfl.methods.base import Method, Setup
 from jsfl.options import Option
 
 # beta < 0 would push the local model away from the global one; tau divides
@@ -102,3 +102,6 @@ def output_model(setup: Setup, state: State):
 
 
 communication = parallel.communication
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS)

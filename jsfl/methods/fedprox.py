@@ -2,7 +2,7 @@
 MLSys 2020 (SPEC 5); a parallel baseline of SFedKD (Table 1).
 
 FedAvg whose clients minimise ``CE + mu/2 ||w - w_global||^2`` (mu = 0.01 by
-default), through the shared parallel round (``jsfl.methods.parallel``).
+default), through the shared parallel round (``jsfl.engine.parallel``).
 
 Departures: none from SPEC 5.  FedProx's variable local work (inexact
 solvers, straggler epochs) is not modelled: every client runs
@@ -14,8 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jsfl.methods import parallel
-from jsfl.methods.base import Setup
+from jsfl.engine import parallel
+from jsfl.methods.base import Method, Setup
 from jsfl.options import Option
 
 # mu < 0 would reward drifting from the global model (the loss is unbounded
@@ -52,3 +52,6 @@ def output_model(setup: Setup, state: State):
 
 
 communication = parallel.communication
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS)

@@ -14,7 +14,7 @@ a nested ``lax.scan`` over that client's padded batch steps (the round's
 ``parallel.train_client``, which skips empty steps with ``lax.cond``).
 
 :func:`sequential_round` is the engine SFedKD and CWC reuse: a loss term
-``aux(p, batch, client)`` (``jsfl.methods.parallel.Batch`` / ``Client``),
+``aux(p, batch, client)`` (``jsfl.engine.parallel.Batch`` / ``Client``),
 per-client context, a carry threaded along the sequence and updated by
 ``after`` once a client is done, and optionally every client's trained model
 (SFedKD's teachers of the next round).
@@ -36,10 +36,9 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.engine import common
-from jsfl.methods import parallel
-from jsfl.methods.base import Setup, plan_round, round_metrics
-from jsfl.methods.parallel import Client, train_client, zero_aux
+from jsfl.engine import common, parallel
+from jsfl.engine.parallel import Client, train_client, zero_aux
+from jsfl.methods.base import Method, Setup, label_rank_of, plan_round, round_metrics
 
 OPTIONS: dict = {}
 
@@ -144,3 +143,6 @@ def communication(setup: Setup, samples: int):
   server) and uploads its trained model: one model each way per client."""
   b = setup.clients_per_round * parallel.model_bytes(setup)
   return b, b
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, label_rank=label_rank_of)

@@ -37,7 +37,7 @@ from flax import struct
 from jax import lax
 
 from jsfl.engine import common, split
-from jsfl.methods.base import Setup, split_communication
+from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
 from jsfl.options import Option
 
 # Superclass tables: label -> group.  CIFAR-10 labels are airplane,
@@ -296,3 +296,6 @@ def artifacts(setup: Setup, partitions) -> dict:
 
 
 communication = split_communication
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate, artifacts=artifacts, label_rank=label_rank_of)

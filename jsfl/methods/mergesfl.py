@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.base import Setup, split_communication
+from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
 
 # SFL's state (label_rank unused: MergeSFL has no processing order) and
 # init, so a seed starts both methods from one model.
@@ -74,3 +74,6 @@ communication = split_communication
 """Per round: part-1 down and up per participant, plus per processed sample
 the activation and label up and its gradient down, as SFL
 (``base.split_communication``)."""
+
+
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)

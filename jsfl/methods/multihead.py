@@ -3,7 +3,7 @@ Continual Learning Framework for Dynamic Edge Environments", CANDAR 2023, as
 adapted by Hydra (AAAI 2026, Appendix B) for its comparison.  SPEC 2.
 
 FL (each participant trains the whole model for ``local_epochs`` epochs, the
-step of ``fedavg.local_step``) with the model cut at ``head_cut``: the body,
+step of ``jsfl.engine.parallel.local_step``) with the model cut at ``head_cut``: the body,
 stages ``[0, head_cut)``, is averaged sample-weighted at round end; the head,
 stages ``[head_cut, end)``, is kept per client.  The state holds all ``K``
 heads stacked on a leading client axis; a round gathers the participants'
@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.engine import common
-from jsfl.methods import fedavg
+from jsfl.engine import common, parallel
 from jsfl.methods.base import (
+  Method,
   Setup,
   fresh_opt_states,
   map_clients,
@@ -101,10 +101,10 @@ def round(setup: Setup, state: State, data, key):
 
   def step(carry, batch):
     params, stats, opt = carry
-    params, stats, opt, lsum = map_clients(
-        lambda p, s, o, i, m: fedavg.local_step(setup, tx, data, p, s, o, i, m),
+    params, stats, opt, sums = map_clients(
+        lambda p, s, o, i, m: parallel.local_step(setup, tx, data, p, s, o, i, m),
         setup.client_exec, params, stats, opt, *batch)
-    return (params, stats, opt), jnp.sum(lsum)
+    return (params, stats, opt), jnp.sum(sums[:, 0])
 
   (params, stats, _), lsums = common.scan_live(
       step, (params, stats, opt), (plan.idx, plan.mask),
@@ -146,3 +146,6 @@ def communication(setup: Setup, samples: int):
   their clients."""
   b = portion_bytes(setup.model, 0, head_cut(setup))
   return setup.clients_per_round * b, setup.clients_per_round * b
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, predict=predict, validate=validate)

@@ -122,6 +122,7 @@ from jax import lax
 from jsfl.engine import batching, common, split
 from jsfl.methods.base import (
   LABEL_BYTES,
+  Method,
   Setup,
   activation_size,
   map_clients,
@@ -943,3 +944,6 @@ def output_model(setup: Setup, state: State):
 def communication(setup: Setup, samples: int):
   """The replay-free bytes (SFL's); the round's metrics carry the full ones."""
   return split_communication(setup, samples)
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate)

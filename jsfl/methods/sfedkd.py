@@ -59,9 +59,9 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.engine import batching, common
-from jsfl.methods import fedseq, parallel
-from jsfl.methods.base import Setup, map_clients, plan_round
+from jsfl.engine import batching, common, parallel
+from jsfl.methods import fedseq
+from jsfl.methods.base import Method, Setup, label_rank_of, map_clients, plan_round
 from jsfl.options import Option
 
 METRICS = ("kl", "l1", "l2", "js")
@@ -445,3 +445,6 @@ def communication(setup: Setup, samples: int):
   b = parallel.model_bytes(setup)
   n, m = setup.clients_per_round, int(_opt(setup, "num_teachers"))
   return n * b, n * (1 + m) * b
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate, label_rank=label_rank_of)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jsfl.engine import common, split
-from jsfl.methods.base import Setup, split_communication
+from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
 
 
 @struct.dataclass
@@ -99,3 +99,6 @@ def output_model(setup: Setup, state: State):
 
 
 communication = split_communication
+
+
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)

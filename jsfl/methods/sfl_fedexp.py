@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from jsfl.engine import common, split
 from jsfl.methods import sfl
-from jsfl.methods.base import Setup, split_communication
+from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
 from jsfl.options import Option
 
 WEIGHTS = ("uniform", "samples")
@@ -111,3 +111,6 @@ def round(setup: Setup, state: State, data, key):
 
 
 communication = split_communication
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate, label_rank=label_rank_of)

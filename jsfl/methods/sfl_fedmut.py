@@ -37,7 +37,7 @@ from flax import struct
 
 from jsfl.engine import common, split
 from jsfl.methods import sfl
-from jsfl.methods.base import Setup, split_communication
+from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
 from jsfl.options import Option
 
 # The radius is a length (0 = SFL); acc_rate > 1 would send the "opposite"
@@ -148,3 +148,6 @@ def output_model(setup: Setup, state: State):
 
 
 communication = split_communication
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate, label_rank=label_rank_of)

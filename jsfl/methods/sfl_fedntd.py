@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from jsfl.engine import split
 from jsfl.methods import fedntd, sfl
-from jsfl.methods.base import Setup, activation_size, split_communication
+from jsfl.methods.base import Method, Setup, activation_size, label_rank_of, split_communication
 
 OPTIONS = fedntd.OPTIONS
 
@@ -110,3 +110,6 @@ def communication(setup: Setup, samples: int):
   """SFL's bytes plus the teacher's cut-layer activation of every sample (up)."""
   up, down = split_communication(setup, samples)
   return up + samples * activation_size(setup.model, setup.cut) * 4, down
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, label_rank=label_rank_of)

@@ -15,7 +15,7 @@ import optax
 
 from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.base import split_communication
+from jsfl.methods.base import Method, label_rank_of, split_communication
 from jsfl.options import Option
 
 OPTIONS = {"smoothing": Option(float, 0.1, "label smoothing eps", range="[0, 1)")}
@@ -38,3 +38,6 @@ def round(setup, state, data, key):
   out = split.split_round(setup, state, data, key, server=sfl.server(state),
                           serve=sfl.serve(setup, loss), label_rank=state.label_rank)
   return sfl.finish(state, out)
+
+
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, label_rank=label_rank_of)

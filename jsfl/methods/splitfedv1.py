@@ -18,6 +18,7 @@ from flax import struct
 
 from jsfl.engine import common, split
 from jsfl.methods.base import (
+  Method,
   Setup,
   split_communication,
 )
@@ -70,3 +71,6 @@ def output_model(setup: Setup, state: State):
 
 
 communication = split_communication
+
+
+METHOD = Method(init, round, output_model, communication)

@@ -43,6 +43,7 @@ from jsfl.engine import common, split
 from jsfl.methods import splitfedv1
 from jsfl.methods.base import (
   LABEL_BYTES,
+  Method,
   Setup,
   activation_size,
 )
@@ -143,3 +144,6 @@ def communication(setup: Setup, samples: int):
   part-2 copies at the server)."""
   act = activation_size(setup.model, setup.cut) * 4
   return samples * (act + LABEL_BYTES), samples * act
+
+
+METHOD = Method(init, round, output_model, communication, predict=predict)

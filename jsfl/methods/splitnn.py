@@ -33,7 +33,14 @@ from jax import lax
 
 from jsfl.engine import batching, common, split
 from jsfl.methods import sfl
-from jsfl.methods.base import Setup, plan_round, round_metrics, split_communication
+from jsfl.methods.base import (
+  Method,
+  Setup,
+  label_rank_of,
+  plan_round,
+  round_metrics,
+  split_communication,
+)
 
 # One part-1, one part-2 and the server optimiser state: exactly SFL's state.
 State = sfl.State
@@ -103,3 +110,6 @@ communication = split_communication
 """Per round: part-1 handed to and from each participant (``n`` copies down
 and up), plus per processed sample the activation and label up and its
 gradient down (``base.split_communication``)."""
+
+
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)
