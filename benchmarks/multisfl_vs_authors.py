@@ -87,18 +87,21 @@ def machine() -> dict:
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--method", nargs="+", default=["multisfl"], choices=sorted(AUTHORS))
-  ap.add_argument("--exec", nargs="+", default=["vmap", "unroll"], dest="execs")
+  ap.add_argument("--exec", nargs="*", default=["vmap", "unroll"], dest="execs",
+                  help="client_exec values to time (none: only read the authors' logs)")
   ap.add_argument("--rounds", type=int, default=4)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--authors-logs", default=None,
                   help="directory of the authors' MultiSFL_seed*.jsonl round logs")
+  ap.add_argument("--authors-threads", type=int, default=1,
+                  help="torch threads the authors' runs used (run.sh THREADS)")
   ap.add_argument("--jsfl", default=os.path.join(os.path.dirname(sys.executable), "jsfl"))
   ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results"))
   args = ap.parse_args(argv)
   res = {"machine": machine(), "args": vars(args),
          "jsfl": [jsfl_rate(m, x, args.rounds, args.seed, args.jsfl)
                   for m in args.method for x in args.execs],
-         "authors": ([dict(r, method=m) for m in args.method
+         "authors": ([dict(r, method=m, threads=args.authors_threads) for m in args.method
                       for r in authors_rate(args.authors_logs, m)]
                      if args.authors_logs else [])}
   print("| implementation | samples/s per seed | replay samples/s |")
@@ -107,7 +110,8 @@ def main(argv=None) -> None:
     print(f"| jsfl {r['method']}, client_exec={r['client_exec']} | {r['samples_per_s']:,.0f} | "
           f"{r['replay_samples_per_s']:,.0f} |")
   for r in res["authors"]:
-    print(f"| authors' code {r['method']} ({r['log']}, {r['rounds']} rounds, 1 thread) | "
+    print(f"| authors' code {r['method']} ({r['log']}, {r['rounds']} rounds, "
+          f"{r['threads']} thread(s)) | "
           f"{r['samples_per_s']:,.0f} | {r['replay_samples_per_s']:,.0f} |")
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, f"multisfl_vs_authors-{socket.gethostname()}-"
