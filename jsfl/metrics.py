@@ -161,13 +161,46 @@ def summarize(records: Iterable[dict], keys: Sequence[str] = (
   For each key and seed, the median over the last ``last`` evaluated rounds
   that have a value (BW has none at the first evaluation); then the median
   and std of these per-seed figures across seeds.  The one implementation
-  lives in :func:`jsfl.report.summarize` (numpy only, so reports and plots
+  lives in :func:`jsfl.statistics.summarize` (numpy only, so reports and plots
   need no jax).
 
   Returns:
     ``{key: {"median", "std", "per_seed", "seeds"}}``; None for a key without
     values.
   """
-  from jsfl.report import summarize as _summarize
+  from jsfl.statistics import summarize as _summarize
   return _summarize(list(records), keys, last, ddof)
 
+
+# What every round returns; round_record adds the other metrics a method logs.
+BASE_METRICS = ("loss", "samples", "clients", "bytes_up", "bytes_down", "finite")
+
+
+def round_record(cfg, exp, state, m, e, i, r, history, wall, traffic) -> dict:
+  """Seed ``i``'s ``metrics.jsonl`` record of round ``r`` (0-based): the
+  evaluation ``e``, the round's metrics ``m``, and the metrics built from
+  the seed's per-label ``history`` (appended to here)."""
+  setup, s = exp.setup, exp.seeds[i]
+  pla = np.asarray(e["per_label_accuracy"][i])
+  present = np.asarray(e["present"][i])
+  history.append(pla)
+  up, down, cum_up, cum_down = traffic
+  rec = {
+      "round": r + 1, "seed": s, "method": cfg["method"]["name"],
+      "accuracy": float(e["accuracy"][i]), "loss": float(e["loss"][i]),
+      "per_label_accuracy": pla,
+      "pg": float(performance_gap(pla, present)),
+      "bw": backward_transfer(np.stack(history), present),
+      "train_loss": float(m["loss"][i]),
+      "bytes_up": up, "bytes_down": down,
+      "bytes_up_total": cum_up, "bytes_down_total": cum_down,
+      "samples": int(m["samples"][i]), "wall_s": wall,
+      "lr": float(max(setup.lr * setup.lr_decay ** r, setup.lr_min)),
+      "clients": m["clients"][i],
+  }
+  rec.update({k: v[i] for k, v in m.items() if k not in BASE_METRICS})
+  if setup.order in ("cyclic", "cyclic_reverse") and exp.method.label_rank is not None:
+    label_order = np.argsort(np.asarray(exp.method.label_rank(state)[i]))
+    rec["label_order"] = label_order
+    rec["per_position_accuracy"] = per_position_accuracy(pla, label_order)
+  return rec

@@ -1,5 +1,8 @@
 """Tables from run directories: ``jsfl report`` and the table after ``jsfl run``.
 
+Reading the directories is ``jsfl.reading``, the statistic
+``jsfl.statistics``; this module groups runs and writes the tables.
+
 A report reads only what docs/run-directory.md promises (``config.json``,
 ``metrics.jsonl``, ``partition.json``) and imports neither jax nor the
 training code, so it runs anywhere the run directories were copied to.
@@ -28,16 +31,21 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from jsfl.reading import Run, find_run_dirs, is_number, load_run
+from jsfl.statistics import (
+  across_seeds,
+  best_ma_figures,
+  per_seed_figures,
+  summarize,
+)
+
 # Metrics of the table: (record key, column title).
 TABLE_METRICS = (("accuracy", "accuracy (%)"), ("pg", "PG (pp)"), ("bw", "BW (pp)"))
-# Record keys that must be numbers (or null) for a line to be used.
-NUMERIC_KEYS = ("accuracy", "loss", "pg", "bw", "train_loss", "bytes_up", "bytes_down",
-                "bytes_up_total", "bytes_down_total")
 # Config fields that say how or where a run ran, not what it computed: they
 # never split runs into groups (exec.* and the conv lowerings change speed,
 # not the math; run.seed/seeds are what pooling merges).
@@ -46,292 +54,6 @@ IGNORED_FIELDS = frozenset({"run.name", "run.out_dir", "run.dir", "run.seed", "r
                             "model.depthwise_impl"})
 IGNORED_SECTIONS = ("exec",)
 MISSING = "-"  # a config field a run does not have (e.g. another method's option)
-
-
-# ---------------------------------------------------------------------------
-# The statistic (numpy only; jsfl.metrics.summarize is this one)
-
-
-def _series_by_seed(records: Iterable[dict], key: str) -> dict[Any, list[float]]:
-  """Per seed the values of ``key`` in round order; missing, None, non-numeric
-  and NaN values are skipped."""
-  by_seed: dict[Any, list[tuple[Any, float]]] = {}
-  for rec in records:
-    v = rec.get(key)
-    if v is None or isinstance(v, bool) or not isinstance(
-        v, (int, float, np.integer, np.floating)):
-      continue
-    if math.isnan(float(v)):
-      continue
-    by_seed.setdefault(rec["seed"], []).append((rec["round"], float(v)))
-  return {s: [v for _, v in sorted(rv, key=lambda t: t[0])] for s, rv in by_seed.items()}
-
-
-def per_seed_figures(records: Iterable[dict], key: str, last: int = 5) -> dict[Any, float]:
-  """Per seed, the median of ``key`` over its last ``last`` evaluated rounds.
-
-  Rounds whose value is missing, None or NaN are skipped (BW has none at the
-  first evaluation), so "last 5" means the last 5 rounds that have a value.
-
-  Args:
-    records: dicts with ``seed``, ``round`` and the metric.
-    key: the metric, e.g. ``"accuracy"``.
-    last: how many of the last evaluated rounds each seed contributes.
-
-  Returns:
-    ``{seed: figure}`` for every seed with at least one value.
-  """
-  return {s: float(np.median(v[-last:])) for s, v in _series_by_seed(records, key).items()}
-
-
-def best_moving_average(values: Sequence[float], window: int = 10) -> tuple[float, float]:
-  """The figure the MultiSFL authors report for a run: over the rounds, the
-  largest mean of the trailing ``window`` values (the first rounds' shorter
-  windows count), and the population std of that window.
-
-  Args:
-    values: one value per evaluated round, in round order.
-    window: the moving-average length.
-
-  Returns:
-    ``(best mean, std of its window)``.
-  """
-  best, best_std = -math.inf, math.nan
-  for i in range(len(values)):
-    w = np.asarray(values[max(0, i + 1 - window):i + 1], float)
-    if w.mean() > best:  # strictly greater: an equal later window does not replace it
-      best, best_std = float(w.mean()), float(w.std())
-  return best, best_std
-
-
-def best_ma_figures(records: Iterable[dict], window: int = 10) -> dict[Any, float]:
-  """Per seed the best ``window``-round moving average of its accuracy
-  (:func:`best_moving_average`; rounds without a value skipped)."""
-  return {s: best_moving_average(v, window)[0]
-          for s, v in _series_by_seed(records, "accuracy").items()}
-
-
-def across_seeds(per_seed: dict[Any, float], ddof: int = 0) -> dict | None:
-  """Median and std over seeds of per-seed figures; None when there are none."""
-  if not per_seed:
-    return None
-  seeds = sorted(per_seed)
-  values = [per_seed[s] for s in seeds]
-  return {"median": float(np.median(values)),
-          "std": float(np.std(values, ddof=ddof)) if len(values) > ddof else float("nan"),
-          "per_seed": values, "seeds": seeds}
-
-
-def summarize(records: Sequence[dict], keys: Sequence[str] = ("accuracy", "loss", "pg", "bw"),
-              last: int = 5, ddof: int = 0) -> dict[str, dict | None]:
-  """:func:`jsfl.metrics.summarize` without jax: the papers' summary figures.
-
-  Args:
-    records: one dict per evaluated round and seed (``seed``, ``round``, metrics).
-    keys: the metrics to summarise.
-    last: how many of the last evaluated rounds each seed contributes.
-    ddof: delta degrees of freedom of the std across seeds.
-
-  Returns:
-    ``{key: {"median", "std", "per_seed", "seeds"}}``; None for a key without
-    values.
-
-  Raises:
-    ValueError: for a bad ``last``, a record without seed/round, or a seed and
-      round that appear twice.
-  """
-  if not isinstance(last, int) or isinstance(last, bool) or last < 1:
-    raise ValueError(f"last={last!r}; allowed: an int >= 1")
-  seen = set()
-  for i, rec in enumerate(records):
-    if "seed" not in rec or "round" not in rec:
-      raise ValueError(f"record {i} has keys {sorted(rec)}; allowed: dicts "
-                       "with 'seed' and 'round'")
-    ident = (rec["seed"], rec["round"])
-    if ident in seen:
-      raise ValueError(f"record {i}: seed={ident[0]!r} round={ident[1]!r} "
-                       "appears twice; allowed: one record per seed and round")
-    seen.add(ident)
-  return {k: across_seeds(per_seed_figures(records, k, last), ddof) for k in keys}
-
-
-# ---------------------------------------------------------------------------
-# Reading run directories
-
-
-@dataclasses.dataclass
-class Run:
-  """What a report or a plot needs from one run directory."""
-
-  path: str
-  config: dict              # config.json["config"]; {} when unreadable
-  resolved: dict            # config.json["resolved"]
-  records: list[dict]       # the usable metrics.jsonl lines, in file order
-  partition: dict | None    # partition.json; None when missing or unreadable
-  problems: list[str]       # "FILE[:LINE]: why" for everything skipped
-
-  @property
-  def name(self) -> str:
-    return os.path.basename(os.path.normpath(self.path))
-
-
-def _is_number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_record(rec) -> str | None:
-  """Why a parsed metrics line cannot be used, or None."""
-  if not isinstance(rec, dict):
-    return f"not a JSON object ({type(rec).__name__})"
-  for k in ("seed", "round"):
-    if k not in rec:
-      return f"no {k!r} key"
-  if not isinstance(rec["round"], int) or isinstance(rec["round"], bool):
-    return f"round={rec['round']!r} is not an int"
-  if isinstance(rec["seed"], (dict, list)):
-    return f"seed={rec['seed']!r} is not a scalar"
-  for k in NUMERIC_KEYS:
-    v = rec.get(k)
-    if v is not None and not _is_number(v):
-      return f"{k}={v!r} is not a number"
-  for k in ("per_label_accuracy", "per_position_accuracy"):
-    v = rec.get(k)
-    if v is not None and not (isinstance(v, list)
-                              and all(x is None or _is_number(x) for x in v)):
-      return f"{k} is not a list of numbers"
-  return None
-
-
-def read_metrics_checked(path: str) -> tuple[list[dict], list[str]]:
-  """Reads ``metrics.jsonl``, keeping every usable line and naming the others.
-
-  A line is skipped when it is not valid JSON (e.g. the half-written last line
-  of a killed run), not an object, lacks ``seed`` or ``round``, has a
-  non-numeric metric, or repeats a seed and round already read.
-
-  Args:
-    path: the metrics file.
-
-  Returns:
-    ``(records, problems)``: the usable records in file order and one
-    ``"PATH:LINE: why; line skipped"`` per skipped line (or ``"PATH: why"``
-    when the file cannot be read at all).
-  """
-  records, problems, first_line = [], [], {}
-  try:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      lines = f.readlines()
-  except OSError as e:
-    return [], [f"{path}: cannot be read ({e.strerror or e})"]
-  for lineno, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      rec = json.loads(line.rstrip("\n"))
-    except json.JSONDecodeError as e:
-      problems.append(f"{path}:{lineno}: not valid JSON ({e.msg}); line skipped")
-      continue
-    why = _check_record(rec)
-    if why is None:
-      ident = (rec["seed"], rec["round"])
-      if ident in first_line:
-        why = (f"seed {ident[0]} round {ident[1]} already read at line "
-               f"{first_line[ident]}")
-      else:
-        first_line[ident] = lineno
-    if why is not None:
-      problems.append(f"{path}:{lineno}: {why}; line skipped")
-      continue
-    records.append(rec)
-  if not records and not problems:
-    problems.append(f"{path}: no records (no round evaluated yet)")
-  return records, problems
-
-
-def _read_json(path: str, problems: list[str], required: bool) -> dict | None:
-  if not os.path.exists(path):
-    if required:
-      problems.append(f"{path}: missing")
-    return None
-  try:
-    with open(path, encoding="utf-8") as f:
-      obj = json.load(f)
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    problems.append(f"{path}: cannot be read ({e})")
-    return None
-  if not isinstance(obj, dict):
-    problems.append(f"{path}: not a JSON object")
-    return None
-  return obj
-
-
-def load_run(path: str) -> Run:
-  """Reads a run directory; whatever is missing or damaged goes to ``problems``."""
-  problems: list[str] = []
-  meta = _read_json(os.path.join(path, "config.json"), problems, required=True) or {}
-  config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-  resolved = meta.get("resolved") if isinstance(meta.get("resolved"), dict) else {}
-  metrics_path = os.path.join(path, "metrics.jsonl")
-  if os.path.exists(metrics_path):
-    records, more = read_metrics_checked(metrics_path)
-    problems += more
-  else:
-    records = []
-    problems.append(f"{metrics_path}: missing; run skipped")
-  partition = _read_json(os.path.join(path, "partition.json"), problems, required=False)
-  summary = _read_json(os.path.join(path, "summary.json"), [], required=False) or {}
-  diverged = {d.get("seed"): d.get("round") for d in summary.get("diverged") or ()
-              if isinstance(d, dict)}
-  if diverged:  # a seed's rounds before it diverged are no result of the config
-    records = [r for r in records if r["seed"] not in diverged]
-    problems += [f"{path}: seed {s} diverged at round {r} (summary.json); its records are "
-                 "left out" for s, r in sorted(diverged.items(), key=str)]
-  return Run(path, config, resolved, records, partition, problems)
-
-
-RUN_MARKERS = ("metrics.jsonl", "config.json")
-
-
-def find_run_dirs(paths: Iterable[str]) -> tuple[list[str], list[str]]:
-  """Run directories named by ``paths``, searching trees where needed.
-
-  A directory holding ``metrics.jsonl`` (or ``config.json``: a run that has
-  not evaluated yet, reported as such) is a run directory; any other
-  directory is searched recursively (a collected sweep), not descending into
-  run directories.  A path to a ``metrics.jsonl`` file stands for its
-  directory.
-
-  Returns:
-    ``(run_dirs, problems)``: run directories in argument order, each tree's
-    in sorted order, without duplicates; problems name paths that are not
-    directories or hold no run.
-  """
-  found, problems, seen = [], [], set()
-
-  def add(d):
-    key = os.path.realpath(d)
-    if key not in seen:
-      seen.add(key)
-      found.append(d)
-
-  for p in paths:
-    if os.path.isfile(p) and os.path.basename(p) == "metrics.jsonl":
-      add(os.path.dirname(p) or ".")
-      continue
-    if not os.path.isdir(p):
-      problems.append(f"{p}: no such directory")
-      continue
-    any_run = False
-    for root, dirs, files in os.walk(p):
-      if any(m in files for m in RUN_MARKERS):
-        add(root)
-        any_run = True
-        dirs[:] = []
-        continue
-      dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-    if not any_run:
-      problems.append(f"{p}: no run directory (no metrics.jsonl) in it")
-  return found, problems
 
 
 # ---------------------------------------------------------------------------
@@ -559,7 +281,7 @@ def per_position_figures(records, last: int) -> tuple[dict, list | None]:
   by_seed: dict[Any, list] = {}
   for r in records:
     pp = r.get("per_position_accuracy")
-    if pp and all(_is_number(v) for v in pp):
+    if pp and all(is_number(v) for v in pp):
       by_seed.setdefault(r["seed"], []).append((r["round"], pp))
   per_seed = {}
   for s, rows in by_seed.items():
@@ -580,7 +302,7 @@ def _row(group: Group, last: int, best_ma: int = 0) -> Row:
   stats = {k: across_seeds(figures[k]) for k in keys}
   final = _last_record_per_seed(recs)
   totals = {s: r["bytes_up_total"] + r["bytes_down_total"] for s, r in final.items()
-            if _is_number(r.get("bytes_up_total")) and _is_number(r.get("bytes_down_total"))}
+            if is_number(r.get("bytes_up_total")) and is_number(r.get("bytes_down_total"))}
   rounds = sorted({r["round"] for r in final.values()})
   pos_seed, pos = per_position_figures(recs, last)
   per_seed = []

@@ -36,7 +36,6 @@ SHARED_KEYS = ("x", "y", "mean", "std")
 SEED_KEYS = ("table", "sizes", "dominant", "counts")
 # Metrics every round returns; any other key a method returns is a logged
 # decision (e.g. Hydra's groups, SFedKD's teachers) written per record as is.
-BASE_METRICS = ("loss", "samples", "clients", "bytes_up", "bytes_down", "finite")
 
 
 @dataclasses.dataclass
@@ -454,67 +453,34 @@ def _train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: boo
   R, every = cfg["run"]["rounds"], cfg["run"]["eval_every"]
   ckpt_every = cfg["run"]["checkpoint_every"]
   ckpt = checkpoint.Checkpointer(os.path.join(out, "checkpoints"))
-  start, cum_up, cum_down, records, last_acc = 0, 0, 0, [], None
-  diverged: dict[int, int] = {}  # seed -> round its training stopped at
+  t = _Tally(seeds)
   if resume:
-    try:
-      got = ckpt.restore(state, seeds, warn=_warn if writes else None)
-    except BaseException:
-      ckpt.close()
-      raise
-    if got is not None:
-      start, state, cum_up, cum_down = got
-      diverged = {int(k): int(v) for k, v in
-                  (ckpt.restored_host.get("diverged") or {}).items()}
-    records = (_resume_records(cfg, out, start, diverged) if writes
-               else rundir.read_metrics_upto(f"{out}/metrics.jsonl", start))
-  history = [[np.asarray([np.nan if v is None else v for v in rec["per_label_accuracy"]],
-                         np.float32)  # what evaluate returns
-              for rec in records if rec["seed"] == s] for s in seeds]
+    state = t.restore(cfg, out, ckpt, state, writes)
   writer = rundir.MetricsWriter(f"{out}/metrics.jsonl") if writes else rundir.NullWriter()
   bar = Progress(R, cfg["exec"]["progress"] and writes)
   stop = _StopSignals()
   try:
-    for r in range(start, R):
+    for r in range(t.start, R):
       t0 = time.perf_counter()
       state, m = rnd(state, seed_data, round_keys(seed_keys, r), shared)
       m = jax.device_get(m)
       wall = time.perf_counter() - t0
-      ups, downs = _round_bytes(exp, m)
-      cum_up += np.asarray(ups)
-      cum_down += np.asarray(downs)
-      newly = [s for s, ok in zip(seeds, np.asarray(m["finite"])) if not ok
-               and s not in diverged]
-      diverged.update({s: r + 1 for s in newly})
-      if newly and bar.enabled:
-        _warn(f"seed{'s' * (len(newly) > 1)} {', '.join(map(str, newly))} diverged at "
-              f"round {r + 1} (non-finite loss or parameters); "
-              + ("stopping the run" if cfg["run"]["on_divergence"] == "stop_run"
-                 else "its later rounds are not recorded"))
+      traffic = t.add_traffic(exp, m)
+      stopping = t.note_divergence(cfg, m, r, bar.enabled)
       acc = None
-      stopping = bool(diverged) and (cfg["run"]["on_divergence"] == "stop_run"
-                                     or len(diverged) == len(seeds))
       if (r + 1) % every == 0 or r + 1 == R or stopping:
         e = jax.device_get(ev(state, test, shared["mean"], shared["std"]))
-        for i, s in enumerate(seeds):
-          if s in diverged:
-            continue
-          rec = round_record(cfg, exp, state, m, e, i, r, history[i], wall,
-                             (ups[i], downs[i], cum_up[i], cum_down[i]))
-          writer.write(rec)
-          records.append(rec)
-        live = [i for i, s in enumerate(seeds) if s not in diverged]
-        acc = float(np.median(e["accuracy"][live])) if live else None
+        acc = t.record(cfg, exp, state, m, e, r, wall, traffic, writer)
         if writes:
-          rundir.write_json_atomic(f"{out}/summary.json", _summary(cfg, records, diverged))
-        last_acc = e["accuracy"]
+          rundir.write_json_atomic(f"{out}/summary.json",
+                                   _summary(cfg, t.records, t.diverged))
       bar.update(r + 1, acc, float(np.sum(m["samples"])) / wall, final=r + 1 == R)
       stop.agree()  # every host stops after the same round
       if stopping:
-        raise _diverged(cfg, out, diverged, r + 1, R)  # no checkpoint of a broken state
+        raise _diverged(cfg, out, t.diverged, r + 1, R)  # no checkpoint of a broken state
       if r + 1 == R or stop.signum or (ckpt_every and (r + 1) % ckpt_every == 0):
-        ckpt.save(r + 1, state, seeds, cum_up, cum_down,
-                  extra={"diverged": {str(k): v for k, v in diverged.items()}})
+        ckpt.save(r + 1, state, seeds, t.cum_up, t.cum_down,
+                  extra={"diverged": {str(k): v for k, v in t.diverged.items()}})
       if stop.signum and r + 1 < R:
         if bar.enabled and bar.tty:
           sys.stderr.write("\n")  # end the progress line
@@ -528,10 +494,76 @@ def _train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: boo
     stop.restore()
   if jax.process_count() > 1:  # job logs show that every host agrees
     print(f"jsfl: process {jax.process_index()}/{jax.process_count()} finished: "
-          f"accuracy {np.round(np.asarray(last_acc, np.float64), 4).tolist()}",
+          f"accuracy {np.round(np.asarray(t.last_acc, np.float64), 4).tolist()}",
           file=sys.stderr, flush=True)
-  if diverged:
-    raise _diverged(cfg, out, diverged, R, R)
+  if t.diverged:
+    raise _diverged(cfg, out, t.diverged, R, R)
+
+
+class _Tally:
+  """What the round loop accumulates across rounds (and restores on resume):
+  the first round to run, cumulative bytes, the records written, per-seed
+  per-label histories (for BW), and the seeds that diverged."""
+
+  def __init__(self, seeds):
+    self.seeds = seeds
+    self.start, self.cum_up, self.cum_down, self.records = 0, 0, 0, []
+    self.diverged: dict[int, int] = {}  # seed -> round its training stopped at
+    self.history = [[] for _ in seeds]
+    self.last_acc = None
+
+  def restore(self, cfg, out, ckpt, state, writes):
+    """The newest restorable checkpoint's state; the records up to it."""
+    try:
+      got = ckpt.restore(state, self.seeds, warn=_warn if writes else None)
+    except BaseException:
+      ckpt.close()
+      raise
+    if got is not None:
+      self.start, state, self.cum_up, self.cum_down = got
+      self.diverged = {int(k): int(v) for k, v in
+                       (ckpt.restored_host.get("diverged") or {}).items()}
+    self.records = (_resume_records(cfg, out, self.start, self.diverged) if writes
+                    else rundir.read_metrics_upto(f"{out}/metrics.jsonl", self.start))
+    self.history = [[np.asarray([np.nan if v is None else v
+                                 for v in rec["per_label_accuracy"]], np.float32)
+                     for rec in self.records if rec["seed"] == s] for s in self.seeds]
+    return state
+
+  def add_traffic(self, exp, m):
+    """Per seed (up, down, cumulative up, cumulative down) bytes of the round."""
+    ups, downs = _round_bytes(exp, m)
+    self.cum_up += np.asarray(ups)
+    self.cum_down += np.asarray(downs)
+    return [(ups[i], downs[i], self.cum_up[i], self.cum_down[i])
+            for i in range(len(self.seeds))]
+
+  def note_divergence(self, cfg, m, r, warn: bool) -> bool:
+    """Marks seeds whose round was not finite; True if the run must stop."""
+    newly = [s for s, ok in zip(self.seeds, np.asarray(m["finite"])) if not ok
+             and s not in self.diverged]
+    self.diverged.update({s: r + 1 for s in newly})
+    if newly and warn:
+      _warn(f"seed{'s' * (len(newly) > 1)} {', '.join(map(str, newly))} diverged at "
+            f"round {r + 1} (non-finite loss or parameters); "
+            + ("stopping the run" if cfg["run"]["on_divergence"] == "stop_run"
+               else "its later rounds are not recorded"))
+    return bool(self.diverged) and (cfg["run"]["on_divergence"] == "stop_run"
+                                    or len(self.diverged) == len(self.seeds))
+
+  def record(self, cfg, exp, state, m, e, r, wall, traffic, writer):
+    """Writes the evaluated round's records; the median accuracy of the live
+    seeds (None if none is left)."""
+    for i, s in enumerate(self.seeds):
+      if s in self.diverged:
+        continue
+      rec = metrics.round_record(cfg, exp, state, m, e, i, r, self.history[i], wall,
+                                 traffic[i])
+      writer.write(rec)
+      self.records.append(rec)
+    self.last_acc = e["accuracy"]
+    live = [i for i, s in enumerate(self.seeds) if s not in self.diverged]
+    return float(np.median(e["accuracy"][live])) if live else None
 
 
 def _warn(msg: str) -> None:
@@ -543,36 +575,6 @@ def _round_bytes(exp: Experiment, m: dict):
   if "bytes_up" in m:  # the round's own count (e.g. MultiSFL's replay)
     return tuple(map(float, m["bytes_up"])), tuple(map(float, m["bytes_down"]))
   return tuple(zip(*(exp.method.communication(exp.setup, int(s)) for s in m["samples"])))
-
-
-def round_record(cfg, exp, state, m, e, i, r, history, wall, traffic) -> dict:
-  """Seed ``i``'s ``metrics.jsonl`` record of round ``r`` (0-based): the
-  evaluation ``e``, the round's metrics ``m``, and the metrics built from
-  the seed's per-label ``history`` (appended to here)."""
-  setup, s = exp.setup, exp.seeds[i]
-  pla = np.asarray(e["per_label_accuracy"][i])
-  present = np.asarray(e["present"][i])
-  history.append(pla)
-  up, down, cum_up, cum_down = traffic
-  rec = {
-      "round": r + 1, "seed": s, "method": cfg["method"]["name"],
-      "accuracy": float(e["accuracy"][i]), "loss": float(e["loss"][i]),
-      "per_label_accuracy": pla,
-      "pg": float(metrics.performance_gap(pla, present)),
-      "bw": metrics.backward_transfer(np.stack(history), present),
-      "train_loss": float(m["loss"][i]),
-      "bytes_up": up, "bytes_down": down,
-      "bytes_up_total": cum_up, "bytes_down_total": cum_down,
-      "samples": int(m["samples"][i]), "wall_s": wall,
-      "lr": float(max(setup.lr * setup.lr_decay ** r, setup.lr_min)),
-      "clients": m["clients"][i],
-  }
-  rec.update({k: v[i] for k, v in m.items() if k not in BASE_METRICS})
-  if setup.order in ("cyclic", "cyclic_reverse") and exp.method.label_rank is not None:
-    label_order = np.argsort(np.asarray(exp.method.label_rank(state)[i]))
-    rec["label_order"] = label_order
-    rec["per_position_accuracy"] = metrics.per_position_accuracy(pla, label_order)
-  return rec
 
 
 def _diverged(cfg: dict, out: str, diverged: dict[int, int], at: int, R: int) -> Diverged:

@@ -478,7 +478,7 @@ def split_batch(unit: Unit) -> None:
   summary.json is recomputed as the runner computes it.  Each cell appears
   complete (with ``.done``) or not at all: it is built aside and renamed.
   """
-  from jsfl.report import summarize
+  from jsfl.statistics import summarize
   src = unit.dir
   meta = _read_json(os.path.join(src, "config.json"))
   lines = []
@@ -623,7 +623,7 @@ def collect(sweep: Sweep):
     The :class:`jsfl.report.Report`; cells without a run are listed in its
     ``problems``.
   """
-  from jsfl import report
+  from jsfl import reading, report
   paths, covered, notes = [], set(), []
   for side in sorted(glob.glob(os.path.join(glob.escape(sweep.root), BATCH_PREFIX + "*.json"))):
     block = _read_json(side)
@@ -635,7 +635,7 @@ def collect(sweep: Sweep):
       paths.append(d)  # still training (or killed): its seeds, not yet split
       covered |= names
   for c in sweep.cells:
-    if any(os.path.exists(os.path.join(c.dir, m)) for m in report.RUN_MARKERS):
+    if any(os.path.exists(os.path.join(c.dir, m)) for m in reading.RUN_MARKERS):
       paths.append(c.dir)
     elif c.name not in covered:
       notes.append(f"{c.dir}: cell {c.name} not started")

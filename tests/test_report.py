@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from jsfl import cli, report
+from jsfl import cli, report, statistics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE_RUNS = os.path.join(REPO, "experiments", "core", "results", "runs")
@@ -347,10 +347,10 @@ def test_paired_reference_must_name_one_row(tmp_path, capsys):
 
 def test_best_moving_average_is_the_authors_figure():
   # trailing windows of <= 3: [1] [1,5] [1,5,3] [5,3,2] [3,2,9] -> means 1, 3, 3, 3.33, 4.67
-  best, std = report.best_moving_average([1.0, 5.0, 3.0, 2.0, 9.0], window=3)
+  best, std = statistics.best_moving_average([1.0, 5.0, 3.0, 2.0, 9.0], window=3)
   assert best == pytest.approx(14 / 3) and std == pytest.approx(np.std([3.0, 2.0, 9.0]))
   # a partial window at the start counts; an equal later mean does not replace it
-  assert report.best_moving_average([9.0, 1.0, 8.0], window=2) == (9.0, 0.0)
+  assert statistics.best_moving_average([9.0, 1.0, 8.0], window=2) == (9.0, 0.0)
   recs = [{"seed": s, "round": r, "accuracy": a}
           for s, accs in ((0, [10.0, 20.0, 30.0]), (1, [50.0, 40.0, None]))
           for r, a in enumerate(accs, 1)]

@@ -1,0 +1,193 @@
+"""Reading run directories as docs/run-directory.md promises them.
+
+Only ``config.json``, ``metrics.jsonl`` and ``partition.json`` are read, with
+neither jax nor the training code imported.  A damaged ``metrics.jsonl`` does
+not stop a reader: every line that cannot be used is named (``FILE:LINE:
+why``) and the rest is returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+
+# Record keys that must be numbers (or null) for a line to be used.
+NUMERIC_KEYS = ("accuracy", "loss", "pg", "bw", "train_loss", "bytes_up", "bytes_down",
+                "bytes_up_total", "bytes_down_total")
+
+
+@dataclasses.dataclass
+class Run:
+  """What a report or a plot needs from one run directory."""
+
+  path: str
+  config: dict              # config.json["config"]; {} when unreadable
+  resolved: dict            # config.json["resolved"]
+  records: list[dict]       # the usable metrics.jsonl lines, in file order
+  partition: dict | None    # partition.json; None when missing or unreadable
+  problems: list[str]       # "FILE[:LINE]: why" for everything skipped
+
+  @property
+  def name(self) -> str:
+    return os.path.basename(os.path.normpath(self.path))
+
+
+def is_number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_record(rec) -> str | None:
+  """Why a parsed metrics line cannot be used, or None."""
+  if not isinstance(rec, dict):
+    return f"not a JSON object ({type(rec).__name__})"
+  for k in ("seed", "round"):
+    if k not in rec:
+      return f"no {k!r} key"
+  if not isinstance(rec["round"], int) or isinstance(rec["round"], bool):
+    return f"round={rec['round']!r} is not an int"
+  if isinstance(rec["seed"], (dict, list)):
+    return f"seed={rec['seed']!r} is not a scalar"
+  for k in NUMERIC_KEYS:
+    v = rec.get(k)
+    if v is not None and not is_number(v):
+      return f"{k}={v!r} is not a number"
+  for k in ("per_label_accuracy", "per_position_accuracy"):
+    v = rec.get(k)
+    if v is not None and not (isinstance(v, list)
+                              and all(x is None or is_number(x) for x in v)):
+      return f"{k} is not a list of numbers"
+  return None
+
+
+def read_metrics_checked(path: str) -> tuple[list[dict], list[str]]:
+  """Reads ``metrics.jsonl``, keeping every usable line and naming the others.
+
+  A line is skipped when it is not valid JSON (e.g. the half-written last line
+  of a killed run), not an object, lacks ``seed`` or ``round``, has a
+  non-numeric metric, or repeats a seed and round already read.
+
+  Args:
+    path: the metrics file.
+
+  Returns:
+    ``(records, problems)``: the usable records in file order and one
+    ``"PATH:LINE: why; line skipped"`` per skipped line (or ``"PATH: why"``
+    when the file cannot be read at all).
+  """
+  records, problems, first_line = [], [], {}
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      lines = f.readlines()
+  except OSError as e:
+    return [], [f"{path}: cannot be read ({e.strerror or e})"]
+  for lineno, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line.rstrip("\n"))
+    except json.JSONDecodeError as e:
+      problems.append(f"{path}:{lineno}: not valid JSON ({e.msg}); line skipped")
+      continue
+    why = _check_record(rec)
+    if why is None:
+      ident = (rec["seed"], rec["round"])
+      if ident in first_line:
+        why = (f"seed {ident[0]} round {ident[1]} already read at line "
+               f"{first_line[ident]}")
+      else:
+        first_line[ident] = lineno
+    if why is not None:
+      problems.append(f"{path}:{lineno}: {why}; line skipped")
+      continue
+    records.append(rec)
+  if not records and not problems:
+    problems.append(f"{path}: no records (no round evaluated yet)")
+  return records, problems
+
+
+def _read_json(path: str, problems: list[str], required: bool) -> dict | None:
+  if not os.path.exists(path):
+    if required:
+      problems.append(f"{path}: missing")
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      obj = json.load(f)
+  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    problems.append(f"{path}: cannot be read ({e})")
+    return None
+  if not isinstance(obj, dict):
+    problems.append(f"{path}: not a JSON object")
+    return None
+  return obj
+
+
+def load_run(path: str) -> Run:
+  """Reads a run directory; whatever is missing or damaged goes to ``problems``."""
+  problems: list[str] = []
+  meta = _read_json(os.path.join(path, "config.json"), problems, required=True) or {}
+  config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+  resolved = meta.get("resolved") if isinstance(meta.get("resolved"), dict) else {}
+  metrics_path = os.path.join(path, "metrics.jsonl")
+  if os.path.exists(metrics_path):
+    records, more = read_metrics_checked(metrics_path)
+    problems += more
+  else:
+    records = []
+    problems.append(f"{metrics_path}: missing; run skipped")
+  partition = _read_json(os.path.join(path, "partition.json"), problems, required=False)
+  summary = _read_json(os.path.join(path, "summary.json"), [], required=False) or {}
+  diverged = {d.get("seed"): d.get("round") for d in summary.get("diverged") or ()
+              if isinstance(d, dict)}
+  if diverged:  # a seed's rounds before it diverged are no result of the config
+    records = [r for r in records if r["seed"] not in diverged]
+    problems += [f"{path}: seed {s} diverged at round {r} (summary.json); its records are "
+                 "left out" for s, r in sorted(diverged.items(), key=str)]
+  return Run(path, config, resolved, records, partition, problems)
+
+
+RUN_MARKERS = ("metrics.jsonl", "config.json")
+
+
+def find_run_dirs(paths: Iterable[str]) -> tuple[list[str], list[str]]:
+  """Run directories named by ``paths``, searching trees where needed.
+
+  A directory holding ``metrics.jsonl`` (or ``config.json``: a run that has
+  not evaluated yet, reported as such) is a run directory; any other
+  directory is searched recursively (a collected sweep), not descending into
+  run directories.  A path to a ``metrics.jsonl`` file stands for its
+  directory.
+
+  Returns:
+    ``(run_dirs, problems)``: run directories in argument order, each tree's
+    in sorted order, without duplicates; problems name paths that are not
+    directories or hold no run.
+  """
+  found, problems, seen = [], [], set()
+
+  def add(d):
+    key = os.path.realpath(d)
+    if key not in seen:
+      seen.add(key)
+      found.append(d)
+
+  for p in paths:
+    if os.path.isfile(p) and os.path.basename(p) == "metrics.jsonl":
+      add(os.path.dirname(p) or ".")
+      continue
+    if not os.path.isdir(p):
+      problems.append(f"{p}: no such directory")
+      continue
+    any_run = False
+    for root, dirs, files in os.walk(p):
+      if any(m in files for m in RUN_MARKERS):
+        add(root)
+        any_run = True
+        dirs[:] = []
+        continue
+      dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    if not any_run:
+      problems.append(f"{p}: no run directory (no metrics.jsonl) in it")
+  return found, problems

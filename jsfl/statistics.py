@@ -1,0 +1,122 @@
+"""The papers' statistic over seeds, on host records (numpy only).
+
+Per seed, the median of the last evaluated rounds (SPEC 1.4, Hydra's
+figure) or the best moving average (the MultiSFL authors' figure); then the
+median and the population standard deviation over seeds.  Reports, plots,
+sweeps and ``jsfl.metrics.summarize`` all compute it here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _series_by_seed(records: Iterable[dict], key: str) -> dict[Any, list[float]]:
+  """Per seed the values of ``key`` in round order; missing, None, non-numeric
+  and NaN values are skipped."""
+  by_seed: dict[Any, list[tuple[Any, float]]] = {}
+  for rec in records:
+    v = rec.get(key)
+    if v is None or isinstance(v, bool) or not isinstance(
+        v, (int, float, np.integer, np.floating)):
+      continue
+    if math.isnan(float(v)):
+      continue
+    by_seed.setdefault(rec["seed"], []).append((rec["round"], float(v)))
+  return {s: [v for _, v in sorted(rv, key=lambda t: t[0])] for s, rv in by_seed.items()}
+
+
+def per_seed_figures(records: Iterable[dict], key: str, last: int = 5) -> dict[Any, float]:
+  """Per seed, the median of ``key`` over its last ``last`` evaluated rounds.
+
+  Rounds whose value is missing, None or NaN are skipped (BW has none at the
+  first evaluation), so "last 5" means the last 5 rounds that have a value.
+
+  Args:
+    records: dicts with ``seed``, ``round`` and the metric.
+    key: the metric, e.g. ``"accuracy"``.
+    last: how many of the last evaluated rounds each seed contributes.
+
+  Returns:
+    ``{seed: figure}`` for every seed with at least one value.
+  """
+  return {s: float(np.median(v[-last:])) for s, v in _series_by_seed(records, key).items()}
+
+
+def best_moving_average(values: Sequence[float], window: int = 10) -> tuple[float, float]:
+  """The figure the MultiSFL authors report for a run: over the rounds, the
+  largest mean of the trailing ``window`` values (the first rounds' shorter
+  windows count), and the population std of that window.
+
+  Args:
+    values: one value per evaluated round, in round order.
+    window: the moving-average length.
+
+  Returns:
+    ``(best mean, std of its window)``.
+  """
+  best, best_std = -math.inf, math.nan
+  for i in range(len(values)):
+    w = np.asarray(values[max(0, i + 1 - window):i + 1], float)
+    if w.mean() > best:  # strictly greater: an equal later window does not replace it
+      best, best_std = float(w.mean()), float(w.std())
+  return best, best_std
+
+
+def best_ma_figures(records: Iterable[dict], window: int = 10) -> dict[Any, float]:
+  """Per seed the best ``window``-round moving average of its accuracy
+  (:func:`best_moving_average`; rounds without a value skipped)."""
+  return {s: best_moving_average(v, window)[0]
+          for s, v in _series_by_seed(records, "accuracy").items()}
+
+
+def across_seeds(per_seed: dict[Any, float], ddof: int = 0) -> dict | None:
+  """Median and std over seeds of per-seed figures; None when there are none."""
+  if not per_seed:
+    return None
+  seeds = sorted(per_seed)
+  values = [per_seed[s] for s in seeds]
+  return {"median": float(np.median(values)),
+          "std": float(np.std(values, ddof=ddof)) if len(values) > ddof else float("nan"),
+          "per_seed": values, "seeds": seeds}
+
+
+def summarize(records: Sequence[dict], keys: Sequence[str] = ("accuracy", "loss", "pg", "bw"),
+              last: int = 5, ddof: int = 0) -> dict[str, dict | None]:
+  """:func:`jsfl.metrics.summarize` without jax: the papers' summary figures.
+
+  Args:
+    records: one dict per evaluated round and seed (``seed``, ``round``, metrics).
+    keys: the metrics to summarise.
+    last: how many of the last evaluated rounds each seed contributes.
+    ddof: delta degrees of freedom of the std across seeds.
+
+  Returns:
+    ``{key: {"median", "std", "per_seed", "seeds"}}``; None for a key without
+    values.
+
+  Raises:
+    ValueError: for a bad ``last``, a record without seed/round, or a seed and
+      round that appear twice.
+  """
+  if not isinstance(last, int) or isinstance(last, bool) or last < 1:
+    raise ValueError(f"last={last!r}; allowed: an int >= 1")
+  seen = set()
+  for i, rec in enumerate(records):
+    if "seed" not in rec or "round" not in rec:
+      raise ValueError(f"record {i} has keys {sorted(rec)}; allowed: dicts "
+                       "with 'seed' and 'round'")
+    ident = (rec["seed"], rec["round"])
+    if ident in seen:
+      raise ValueError(f"record {i}: seed={ident[0]!r} round={ident[1]!r} "
+                       "appears twice; allowed: one record per seed and round")
+    seen.add(ident)
+  return {k: across_seeds(per_seed_figures(records, k, last), ddof) for k in keys}
+
+
+# ---------------------------------------------------------------------------
+# Reading run directories
