@@ -13,13 +13,12 @@ import pytest
 from conftest import make_fed_data
 from test_methods_equivalence import (
   TOL,
+  RefServer,
   make_setup,
   ref_avg,
-  ref_bwd,
-  ref_fwd,
   ref_sgd,
+  ref_split,
   run_rounds,
-  schedule,
   tiny_model,
   zeros_like,
 )
@@ -110,58 +109,45 @@ def take(tree, g):
   return jax.tree.map(lambda a: a[g], tree)
 
 
+class HydraRefServer(RefServer):
+  """Hydra's server in loops: part-2a, then the head of the client's group;
+  the heads averaged at round end."""
+
+  def __init__(self, setup, st, group):
+    self.setup, self.group = setup, group
+    self.p2a, self.s2a, self.b2a = st.part2a, st.part2a_stats, zeros_like(st.part2a)
+    G = hydra.num_groups(setup)
+    self.heads = [take(st.heads, g) for g in range(G)]
+    self.hstats = [take(st.heads_stats, g) for g in range(G)]
+    self.hbuf = [zeros_like(self.heads[0]) for _ in range(G)]
+
+  def serve(self, act, y, m, lr, client, x):
+    setup, g = self.setup, self.group[client]
+    loss, ns2a, nsh, (g2a, gh, ga) = ref_hydra_grad(
+        setup.model, setup.cut, hydra.head_cut(setup), self.p2a, self.s2a, self.heads[g],
+        self.hstats[g], act, y, m)
+    self.p2a, self.b2a = ref_sgd(self.p2a, g2a, self.b2a, lr, setup)
+    self.heads[g], self.hbuf[g] = ref_sgd(self.heads[g], gh, self.hbuf[g], lr, setup)
+    self.s2a, self.hstats[g] = ns2a, nsh
+    return loss, ga
+
+  def end_round(self):
+    G = len(self.heads)
+    mean_head, mean_hstats = ref_avg(self.heads, np.ones(G)), ref_avg(self.hstats, np.ones(G))
+    self.heads, self.hstats = [mean_head] * G, [mean_hstats] * G
+
+
 def ref_hydra(setup, data, key, rounds):
   """Hydra with loops over rounds, steps, clients (in order) and heads."""
-  model, cut, hc = setup.model, setup.cut, hydra.head_cut(setup)
   G = hydra.num_groups(setup)
   st = hydra.init(setup, key)
   table = hydra.superclass_table(setup.option("superclasses", "consecutive"),
                                  setup.num_classes, G)
   group = ref_grouping(np.asarray(data["counts"]), table, G)
-  part1, stats1 = st.part1, st.part1_stats
-  p2a, s2a, b2a = st.part2a, st.part2a_stats, zeros_like(st.part2a)
-  heads = [take(st.heads, g) for g in range(G)]
-  hstats = [take(st.heads_stats, g) for g in range(G)]
-  hbuf = [zeros_like(heads[0]) for _ in range(G)]
-  losses = []
-  for r in range(rounds):
-    order_key, clients, sizes, idx, mask, lr = schedule(
-        setup, data, jax.random.fold_in(key, r), r)
-    orders = np.asarray(common.processing_orders(
-        setup.order, order_key, idx.shape[0], clients, data["dominant"], st.label_rank))
-    clients = np.asarray(clients)
-    n = len(clients)
-    p1, s1, b1 = [part1] * n, [stats1] * n, [zeros_like(part1)] * n
-    lsum = 0.0
-    for t in range(idx.shape[0]):
-      acts, xs, ys, new_s1 = [None] * n, [None] * n, [None] * n, [None] * n
-      for c in range(n):
-        xs[c], ys[c] = batching.gather(data, idx[t, c])
-        acts[c], new_s1[c] = ref_fwd(model, p1[c], s1[c], xs[c], mask[t, c])
-      g_act = [None] * n
-      for c in orders[t]:
-        if not mask[t, c].any():
-          continue
-        g = group[clients[c]]
-        loss, ns2a, nsh, (g2a, gh, ga) = ref_hydra_grad(
-            model, cut, hc, p2a, s2a, heads[g], hstats[g], acts[c], ys[c], mask[t, c])
-        p2a, b2a = ref_sgd(p2a, g2a, b2a, lr, setup)
-        heads[g], hbuf[g] = ref_sgd(heads[g], gh, hbuf[g], lr, setup)
-        s2a, hstats[g] = ns2a, nsh
-        g_act[c] = ga
-        lsum += float(loss) * mask[t, c].sum()
-      for c in range(n):
-        if g_act[c] is None:
-          continue
-        g1 = ref_bwd(model, p1[c], s1[c], xs[c], mask[t, c], g_act[c])
-        p1[c], b1[c] = ref_sgd(p1[c], g1, b1[c], lr, setup)
-        s1[c] = new_s1[c]
-    part1, stats1 = ref_avg(p1, sizes), ref_avg(s1, sizes)
-    mean_head = ref_avg(heads, np.ones(G))
-    mean_hstats = ref_avg(hstats, np.ones(G))
-    heads, hstats = [mean_head] * G, [mean_hstats] * G
-    losses.append(lsum / mask.sum())
-  return (part1, stats1, p2a, s2a, heads[0], hstats[0]), losses
+  server = HydraRefServer(setup, st, group)
+  (part1, stats1), losses, _ = ref_split(setup, data, key, rounds, st.part1,
+                                         st.part1_stats, server, st.label_rank)
+  return (part1, stats1, server.p2a, server.s2a, server.heads[0], server.hstats[0]), losses
 
 
 CASES = {

@@ -162,8 +162,9 @@ class RefServer:
   """One server portion in a loop reference, updated in place by ``serve``.
 
   ``grad(part2, stats2, act, y, m) -> (loss, new stats, grad part2, grad
-  act)`` is the server step's math; subclasses or other ``grad`` functions
-  give the variants (another loss, ...).
+  act)`` is the server step's math; other ``grad`` functions or subclasses
+  give the variants (another loss, Hydra's heads, ...).  ``begin_round``
+  sees the round's global part-1 (a teacher may need it).
   """
 
   def __init__(self, setup, part2, stats2, grad=None):
@@ -172,27 +173,42 @@ class RefServer:
     self.buf = zeros_like(part2)
     self.grad = grad or (lambda p, s, a, y, m: ref_grad(model, p, s, a, y, m, cut))
 
-  def serve(self, act, y, m, lr, c=None, x=None):
+  def begin_round(self, part1, stats1):
+    pass
+
+  def serve(self, act, y, m, lr, client, x):
     loss, ns2, g2, ga = self.grad(self.part2, self.stats2, act, y, m)
     self.part2, self.buf = ref_sgd(self.part2, g2, self.buf, lr, self.setup)
     self.stats2 = ns2
     return loss, ga
 
+  def end_round(self):
+    pass
 
-def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank):
+
+def sample_weighted(part1, stats1, p1, s1, sizes):
+  return ref_avg(p1, sizes), ref_avg(s1, sizes)
+
+
+def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank,
+              starts=None, aggregate=sample_weighted):
   """The split family's shared loop reference: per round and batch step,
   clients forward, ``server.serve`` per client in the processing order,
-  clients backward; part-1 averaged sample-weighted at round end."""
+  clients backward; then ``aggregate`` the client portions (sample-weighted
+  by default).  ``starts(r, round_key, part1, n)`` gives the clients'
+  starting part-1 (default: the global one)."""
   model = setup.model
   losses, orders_seen = [], []
   for r in range(rounds):
-    order_key, clients, sizes, idx, mask, lr = schedule(
-        setup, data, jax.random.fold_in(key, r), r)
+    rkey = jax.random.fold_in(key, r)
+    order_key, clients, sizes, idx, mask, lr = schedule(setup, data, rkey, r)
     orders = np.asarray(common.processing_orders(
         setup.order, order_key, idx.shape[0], clients, data["dominant"], label_rank))
-    orders_seen.append(np.asarray(clients)[orders])
+    clients = np.asarray(clients)
+    orders_seen.append(clients[orders])
     n = len(clients)
-    p1 = [part1] * n
+    server.begin_round(part1, stats1)
+    p1 = [part1] * n if starts is None else starts(r, rkey, part1, n)
     s1 = [stats1] * n
     b1 = [zeros_like(part1)] * n
     lsum = 0.0
@@ -205,7 +221,7 @@ def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank):
       for c in orders[t]:
         if not mask[t, c].any():
           continue
-        l, g_act[c] = server.serve(acts[c], ys[c], mask[t, c], lr, c, xs[c])
+        l, g_act[c] = server.serve(acts[c], ys[c], mask[t, c], lr, clients[c], xs[c])
         lsum += float(l) * mask[t, c].sum()
       for c in range(n):
         if g_act[c] is None:
@@ -213,7 +229,8 @@ def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank):
         g1 = ref_bwd(model, p1[c], s1[c], xs[c], mask[t, c], g_act[c])
         p1[c], b1[c] = ref_sgd(p1[c], g1, b1[c], lr, setup)
         s1[c] = new_s1[c]
-    part1, stats1 = ref_avg(p1, sizes), ref_avg(s1, sizes)
+    server.end_round()
+    part1, stats1 = aggregate(part1, stats1, p1, s1, sizes)
     losses.append(lsum / mask.sum())
   return (part1, stats1), losses, orders_seen
 

@@ -27,13 +27,14 @@ import pytest
 from conftest import make_fed_data
 from test_methods_equivalence import (
   TOL,
+  RefServer,
   make_setup,
   ref_avg,
   ref_bwd,
   ref_fwd,
   ref_grad,
   ref_sgd,
-  schedule,
+  ref_split,
   tiny_model,
   zeros_like,
 )
@@ -560,71 +561,69 @@ def ref_logits(model, p, s, x):
   return model.apply(p, s, x, train=False)[0]
 
 
-def ref_sfl_form(mod, setup, data, key, rounds):
-  """SFL in loops with the method's piece (loss, starts, aggregation) in loops."""
-  model, cut = setup.model, setup.cut
-  st = mod.init(setup, key)
-  part1, stats1, part2, stats2 = st.part1, st.part1_stats, st.part2, st.part2_stats
-  prev1, buf2 = part1, zeros_like(part2)
-  losses = []
-  for r in range(rounds):
-    rkey = jax.random.fold_in(key, r)
-    order_key, clients, sizes, idx, mask, lr = schedule(setup, data, rkey, r)
-    orders = np.asarray(common.processing_orders(
-        setup.order, order_key, idx.shape[0], clients, data["dominant"], st.label_rank))
-    n = len(clients)
-    if mod is sfl_fedmut:           # per-leaf mutated starts, looped
-      a, rate = setup.option("radius"), setup.option("acc_rate")
-      beta = rate * (1 - min(max(r - 1, 0) / setup.option("bound"), 1))
-      leaves, tdef = jax.tree.flatten(part1)
-      signs = np.asarray(sfl_fedmut.mutation_signs(
-          jax.random.fold_in(rkey, sfl_fedmut._MUT_STREAM), len(leaves), n, beta))
-      prev = jax.tree.leaves(prev1)
-      p1 = [jax.tree.unflatten(tdef, [w + a * signs[li, c] * (w - pv)
-                                      for li, (w, pv) in enumerate(zip(leaves, prev))])
+class NTDRefServer(RefServer):
+  """SFL's server with FedNTD's loss; the teacher is the round's starting
+  global model."""
+
+  def begin_round(self, part1, stats1):
+    self.teacher = (part1 + self.part2, stats1 + self.stats2)
+
+  def serve(self, act, y, m, lr, client, x):
+    setup = self.setup
+    tl = ref_logits(setup.model, *self.teacher, x)
+    cfg = (setup.cut, setup.option("beta"), setup.option("tau"))
+    l, ns2, g2, ga = ref_ntd_grad(setup.model, self.part2, self.stats2, act, y, m, tl, cfg)
+    self.part2, self.buf = ref_sgd(self.part2, g2, self.buf, lr, setup)
+    self.stats2 = ns2
+    return l, ga
+
+
+def fedmut_starts(setup, part1):
+  """FedMut's per-leaf mutated starts, looped (``prev`` is the previous
+  round's global part-1)."""
+  prev = {"p": part1}
+
+  def starts(r, rkey, part1, n):
+    a, rate = setup.option("radius"), setup.option("acc_rate")
+    beta = rate * (1 - min(max(r - 1, 0) / setup.option("bound"), 1))
+    leaves, tdef = jax.tree.flatten(part1)
+    signs = np.asarray(sfl_fedmut.mutation_signs(
+        jax.random.fold_in(rkey, sfl_fedmut._MUT_STREAM), len(leaves), n, beta))
+    old = jax.tree.leaves(prev["p"])
+    prev["p"] = part1
+    return [jax.tree.unflatten(tdef, [w + a * signs[li, c] * (w - pv)
+                                      for li, (w, pv) in enumerate(zip(leaves, old))])
             for c in range(n)]
-    else:
-      p1 = [part1] * n
-    s1, b1 = [stats1] * n, [zeros_like(part1)] * n
-    teacher = (part1 + part2, stats1 + stats2)
-    lsum = 0.0
-    for t in range(idx.shape[0]):
-      acts, xs, ys, new_s1 = [None] * n, [None] * n, [None] * n, [None] * n
-      for c in range(n):
-        xs[c], ys[c] = batching.gather(data, idx[t, c])
-        acts[c], new_s1[c] = ref_fwd(model, p1[c], s1[c], xs[c], mask[t, c])
-      g_act = [None] * n
-      for c in orders[t]:
-        if not mask[t, c].any():
-          continue
-        if mod is sfl_fedntd:
-          tl = ref_logits(model, *teacher, xs[c])
-          cfg = (cut, setup.option("beta"), setup.option("tau"))
-          l, ns2, g2, ga = ref_ntd_grad(model, part2, stats2, acts[c], ys[c],
-                                        mask[t, c], tl, cfg)
-        else:
-          l, ns2, g2, ga = ref_grad(model, part2, stats2, acts[c], ys[c], mask[t, c], cut)
-        part2, buf2 = ref_sgd(part2, g2, buf2, lr, setup)
-        stats2, g_act[c] = ns2, ga
-        lsum += float(l) * mask[t, c].sum()
-      for c in range(n):
-        if g_act[c] is not None:
-          g1 = ref_bwd(model, p1[c], s1[c], xs[c], mask[t, c], g_act[c])
-          p1[c], b1[c] = ref_sgd(p1[c], g1, b1[c], lr, setup)
-          s1[c] = new_s1[c]
-    prev1 = part1
-    if mod is sfl_fedexp:           # FedExp's server step, looped
-      w = np.ones(n) / n
-      deltas = [jax.tree.map(lambda g, c_: g - c_, part1, pc) for pc in p1]
-      dbar = ref_avg(deltas, w)
-      sq = lambda t_: sum(float(jnp.sum(a_ ** 2)) for a_ in jax.tree.leaves(t_))
-      eta = max(1.0, sum(sq(d_) for d_ in deltas) / (2 * n * (sq(dbar) + setup.option("eps"))))
-      part1 = jax.tree.map(lambda g, d_, e=eta: g - e * d_, part1, dbar)
-      stats1 = ref_avg(s1, w)
-    else:
-      part1, stats1 = ref_avg(p1, sizes), ref_avg(s1, sizes)
-    losses.append(lsum / mask.sum())
-  return (part1, stats1, part2, stats2), losses
+  return starts
+
+
+def fedexp_aggregate(eps):
+  """FedExp's server step on the client portions, looped."""
+  def aggregate(part1, stats1, p1, s1, sizes):
+    n = len(p1)
+    w = np.ones(n) / n
+    deltas = [jax.tree.map(lambda g, c_: g - c_, part1, pc) for pc in p1]
+    dbar = ref_avg(deltas, w)
+    sq = lambda t_: sum(float(jnp.sum(a_ ** 2)) for a_ in jax.tree.leaves(t_))
+    eta = max(1.0, sum(sq(d_) for d_ in deltas) / (2 * n * (sq(dbar) + eps)))
+    return jax.tree.map(lambda g, d_: g - eta * d_, part1, dbar), ref_avg(s1, w)
+  return aggregate
+
+
+def ref_sfl_form(mod, setup, data, key, rounds):
+  """SFL in loops (``ref_split``) with the method's piece (loss, starts,
+  aggregation) in loops."""
+  st = mod.init(setup, key)
+  server = (NTDRefServer if mod is sfl_fedntd else RefServer)(setup, st.part2,
+                                                               st.part2_stats)
+  kw = {}
+  if mod is sfl_fedmut:
+    kw["starts"] = fedmut_starts(setup, st.part1)
+  if mod is sfl_fedexp:
+    kw["aggregate"] = fedexp_aggregate(setup.option("eps"))
+  (part1, stats1), losses, _ = ref_split(setup, data, key, rounds, st.part1,
+                                         st.part1_stats, server, st.label_rank, **kw)
+  return (part1, stats1, server.part2, server.stats2), losses
 
 
 SF_CASES = {
