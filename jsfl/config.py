@@ -48,8 +48,8 @@ class ConfigError(UserError, ValueError):
   """A config key, type or value that is not allowed (CLI exit code 2)."""
 
 
-def _f(typ, default, help_, choices=None, range=None):
-  return Option(typ, default, help_, choices, range)
+def _f(typ, default, help_, choices=None, range=None, batchable=False):
+  return Option(typ, default, help_, choices, range, batchable)
 
 
 # Sections whose extra keys are forwarded as options (validated by the owner:
@@ -108,9 +108,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "batch_size": _f(int, 64, "batch size B", range="[1, 65536]"),
     },
     "optim": {
-        "lr": _f(float, 0.05, "learning rate", range="(0, inf)"),
-        "lr_decay": _f(float, 1.0, "multiplied into lr once per round", range="(0, 1]"),
-        "lr_min": _f(float, 0.0, "floor of the decayed lr", range="[0, inf)"),
+        "lr": _f(float, 0.05, "learning rate", range="(0, inf)", batchable=True),
+        "lr_decay": _f(float, 1.0, "multiplied into lr once per round", range="(0, 1]",
+                       batchable=True),
+        "lr_min": _f(float, 0.0, "floor of the decayed lr", range="[0, inf)",
+                     batchable=True),
         "momentum": _f(float, 0.0, "SGD momentum", range="[0, 1)"),
         "weight_decay": _f(float, 0.0, "SGD weight decay (PyTorch semantics)",
                            range="[0, inf)"),
@@ -299,13 +301,20 @@ def extra_options(cfg: dict, section: str) -> dict:
   return {k: v for k, v in cfg[section].items() if k not in SCHEMA[section]}
 
 
+HEADER = "| key | type | default | allowed | batchable | meaning |"
+RULE = "| --- | --- | --- | --- | --- | --- |"
+
+
 def markdown_reference() -> str:
   """The config reference as markdown, generated from :data:`SCHEMA`."""
   lines = ["# Config reference", "",
-           "Generated from `jsfl.config.SCHEMA` (`python -m jsfl.config`).", ""]
+           "Generated from `jsfl.config.SCHEMA` (`python -m jsfl.config`).", "",
+           ("*batchable*: a scalar that only enters a round's arithmetic, so runs "
+            "that differ in it could share one compiled program; every other key "
+            "is static (it changes the program: shapes, choices, counts, switches)."),
+           ""]
   for section, fields in SCHEMA.items():
-    lines += [f"## [{section}]", "", "| key | type | default | allowed | meaning |",
-              "| --- | --- | --- | --- | --- |"]
+    lines += [f"## [{section}]", "", HEADER, RULE]
     for k, opt in fields.items():
       lines.append(_reference_row(k, opt))
     if section in OPEN_SECTIONS:
@@ -324,9 +333,7 @@ def _method_options_reference() -> list[str]:
     options = method_options(name)
     if not options:
       continue
-    lines += [f"### `method.name = \"{name}\"`", "",
-              "| key | type | default | allowed | meaning |",
-              "| --- | --- | --- | --- | --- |"]
+    lines += [f"### `method.name = \"{name}\"`", "", HEADER, RULE]
     lines += [_reference_row(k, opt) for k, opt in options.items()]
     lines.append("")
   return lines
@@ -339,7 +346,9 @@ def _reference_row(key: str, opt: Option) -> str:
     ok = f"`{opt.range}`"
   else:
     ok = ""
-  return f"| `{key}` | {opt.type.__name__} | `{opt.default!r}` | {ok} | {opt.help} |"
+  batch = "yes" if opt.batchable else ""
+  return (f"| `{key}` | {opt.type.__name__} | `{opt.default!r}` | {ok} | {batch} | "
+          f"{opt.help} |")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,12 @@ class Option(NamedTuple):
   ``choices``: the allowed values (strings), or None.  ``range``: an
   interval such as ``"[0, 1)"`` or ``"(0, inf)"`` for ints and floats, or
   None for any finite value (ints are always within int32).
+
+  ``batchable``: the value is a scalar that only enters the round's
+  arithmetic (a learning rate, a loss weight, a temperature), so runs that
+  differ in it could share one compiled program; False (static) for values
+  that change the program: choices, counts, cut indices, window lengths,
+  bounds that size a buffer, and anything that switches a term on or off.
   """
 
   type: type
@@ -32,6 +38,7 @@ class Option(NamedTuple):
   help: str
   choices: tuple | None = None
   range: str | None = None
+  batchable: bool = False
 
 
 def _bounds(spec: str):

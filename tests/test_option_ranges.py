@@ -125,3 +125,33 @@ def test_hostile_values_rejected(name, override):
 ])
 def test_sentinels_accepted(name, override):
   config.load_config(None, [f"method.name={name}", override])
+
+
+# --------------------------------------------------- static vs batchable
+def test_only_float_scalars_are_batchable():
+  """Ints (counts, windows, cuts), strings (choices) and bools (switches)
+  change the program; only float scalars may be batchable."""
+  schema = [(f"[{sec}]", key, opt) for sec, fields in config.SCHEMA.items()
+            for key, opt in fields.items()]
+  for name, key, opt in ALL + schema:
+    if opt.batchable:
+      assert opt.type is float, f"{name}.{key} is batchable but a {opt.type.__name__}"
+
+
+@pytest.mark.parametrize(("name", "key", "batchable"), [
+    ("fedprox", "mu", True), ("sfedkd", "temperature", True), ("multisfl", "gamma", True),
+    ("multisfl", "alpha", True), ("sfl_smooth", "smoothing", True),
+    # sizes the static replay buffer
+    ("multisfl", "p_max", False), ("multisfl", "p0", False),
+    ("hydra", "groups", False), ("sfedkd", "num_teachers", False),
+    ("multisfl", "clp_window", False),
+])
+def test_batchable_declarations(name, key, batchable):
+  assert config.method_options(name)[key].batchable is batchable
+
+
+def test_optimiser_scalars():
+  """lr and its schedule are injected values; momentum and weight decay
+  switch optax transforms on or off, so they are static."""
+  optim = config.SCHEMA["optim"]
+  assert [k for k, o in optim.items() if o.batchable] == ["lr", "lr_decay", "lr_min"]

@@ -36,9 +36,9 @@ from jsfl.options import Option
 # would grow old importance every round instead of decaying it.
 OPTIONS = {
     "lam": Option(float, 1.0, "consolidation penalty coefficient lambda (0 = FedSeq)",
-                  range="[0, inf)"),
+                  range="[0, inf)", batchable=True),
     "sigma": Option(float, 0.5, ("decay of the importance matrix at each round start "
-                                 "(0 = forget, 1 = keep)"), range="[0, 1]"),
+                                 "(0 = forget, 1 = keep)"), range="[0, 1]", batchable=True),
     "fisher": Option(str, "batch", "diagonal Fisher estimator", fedcurv.FISHER_MODES),
 }
 

@@ -41,7 +41,7 @@ FISHER_MODES = ("batch", "sample")
 # lam < 0 would reward moving away from the other clients' important weights.
 OPTIONS = {
     "lam": Option(float, 1.0, "FedCurv penalty coefficient lambda (0 = FedAvg)",
-                  range="[0, inf)"),
+                  range="[0, inf)", batchable=True),
     "fisher": Option(str, "batch", "diagonal Fisher estimator", FISHER_MODES),
 }
 

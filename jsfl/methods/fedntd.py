@@ -28,8 +28,8 @@ from jsfl.options import Option
 # the logits (tau = 0 is a division by zero).
 OPTIONS = {
     "beta": Option(float, 1.0, "weight of the not-true distillation term (0 = FedAvg)",
-                   range="[0, inf)"),
-    "tau": Option(float, 1.0, "distillation temperature", range="(0, inf)"),
+                   range="[0, inf)", batchable=True),
+    "tau": Option(float, 1.0, "distillation temperature", range="(0, inf)", batchable=True),
 }
 
 State = parallel.State

@@ -21,7 +21,7 @@ from jsfl.options import Option
 # mu < 0 would reward drifting from the global model (the loss is unbounded
 # below); mu = 0 is FedAvg.
 OPTIONS = {"mu": Option(float, 0.01, "proximal coefficient mu (0 = FedAvg)",
-                        range="[0, inf)")}
+                        range="[0, inf)", batchable=True)}
 
 State = parallel.State
 

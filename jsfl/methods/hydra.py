@@ -298,4 +298,5 @@ def artifacts(setup: Setup, partitions) -> dict:
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate, artifacts=artifacts, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate,
+                artifacts=artifacts, label_rank=label_rank_of)

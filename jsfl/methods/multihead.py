@@ -148,4 +148,5 @@ def communication(setup: Setup, samples: int):
   return setup.clients_per_round * b, setup.clients_per_round * b
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, predict=predict, validate=validate)
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, predict=predict,
+                validate=validate)

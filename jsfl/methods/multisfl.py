@@ -154,12 +154,13 @@ OPTIONS = {
     "p0": Option(float, 0.01, ("initial sampling proportion p_0 (the constant one when "
                                "replay='fixed')"), range="[0, 1]"),
     "p_min": Option(float, 0.01, "lower clip of the adaptive proportion",
-                    range="(0, 1]"),
+                    range="(0, 1]", batchable=True),
     "p_max": Option(float, 0.5, "upper clip of the adaptive proportion",
                     range="(0, 1]"),
-    "gamma": Option(float, 0.5, "score-vector decay, 0 < gamma < 1", range="(0, 1)"),
+    "gamma": Option(float, 0.5, "score-vector decay, 0 < gamma < 1",
+                    range="(0, 1)", batchable=True),
     "alpha": Option(float, 0.1, "pull-back weight of the master model (0 = none)",
-                    range="[0, inf)"),
+                    range="[0, inf)", batchable=True),
     "min_request": Option(int, -1, ("smallest total replay request of a branch and round: "
                                     "max(min_request, |D_i| p_r); -1 = the number of "
                                     "classes L (the authors' code), 0 = none (SPEC 4.4)"),
@@ -180,11 +181,11 @@ OPTIONS = {
     "clp_window": Option(int, 10, "rounds in each of the two windows the clp and relative "
                          "rules compare", range="[1, 1000]"),
     "p_threshold": Option(float, 0.2, "clp: doubling stops here; above it p grows by "
-                          "p_step", range="(0, 1]"),
+                          "p_step", range="(0, 1]", batchable=True),
     "p_step": Option(float, 0.01, "clp: the growth of p above p_threshold",
-                     range="[0, 1]"),
+                     range="[0, 1]", batchable=True),
     "p_late_min": Option(float, 0.05, "relative: the floor of p after round 10",
-                         range="[0, 1]"),
+                         range="[0, 1]", batchable=True),
     "score_update": Option(str, "authors", ("score vectors: authors = their recursion "
                                             "w <- gamma w + 1, sv <- (gamma sv + L_i[r]) / w "
                                             "on the normalised sv; eq2 = the paper's Eq. 2 "

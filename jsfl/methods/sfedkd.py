@@ -77,14 +77,15 @@ OPTIONS = {
     "num_teachers": Option(int, 5, "teachers M selected per round (0 = FedSeq)",
                            range="[0, 1000000]"),
     "alpha_t": Option(float, 1.0, "weight of the multi-teacher TCKD term",
-                      range="[0, inf)"),
+                      range="[0, inf)", batchable=True),
     "beta_t": Option(float, 8.0, "weight of the multi-teacher NCKD term",
-                     range="[0, inf)"),
-    "temperature": Option(float, 4.0, "distillation temperature T", range="(0, inf)"),
+                     range="[0, inf)", batchable=True),
+    "temperature": Option(float, 4.0, "distillation temperature T",
+                          range="(0, inf)", batchable=True),
     "eps": Option(float, 0.05, "smoothing constant of the teacher weights",
-                  range="(0, inf)"),
+                  range="(0, inf)", batchable=True),
     "smooth": Option(float, 1e-3, "added per class to client distributions for d_k",
-                     range="(0, inf)"),
+                     range="(0, inf)", batchable=True),
     "metric": Option(str, "kl", "discrepancy d_k between student and teacher data",
                      METRICS),
     "selection": Option(str, "greedy", "teacher selection", SELECTIONS),
@@ -447,4 +448,5 @@ def communication(setup: Setup, samples: int):
   return n * b, n * (1 + m) * b
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate,
+                label_rank=label_rank_of)

@@ -40,7 +40,7 @@ WEIGHTS = ("uniform", "samples")
 # (D_bar = 0); the bound is ``validate``'s.
 OPTIONS = {
     "eps": Option(float, 1e-3, "FedExp's eps in the step-size denominator",
-                  range="(0, inf)"),
+                  range="(0, inf)", batchable=True),
     "weights": Option(str, "uniform", ("client weights a_i: uniform 1/M (FedExp, SPEC 5) "
                                        "or by sample count (SFL's)"), WEIGHTS),
 }
@@ -113,4 +113,5 @@ def round(setup: Setup, state: State, data, key):
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate,
+                label_rank=label_rank_of)

@@ -44,9 +44,10 @@ from jsfl.options import Option
 # half of the starts along +g too, so no mutation around w is left.  bound
 # divides t, and >= 1 is ``validate``'s bound.
 OPTIONS = {
-    "radius": Option(float, 4.0, "mutation radius a (0 = no mutation)", range="[0, inf)"),
+    "radius": Option(float, 4.0, "mutation radius a (0 = no mutation)",
+                     range="[0, inf)", batchable=True),
     "acc_rate": Option(float, 0.3, "beta_0 of beta_t = beta_0 (1 - min(t / bound, 1))",
-                       range="[0, 1]"),
+                       range="[0, 1]", batchable=True),
     "bound": Option(int, 50, "rounds after which beta_t reaches 0",
                     range="[1, 1000000]"),
 }
@@ -150,4 +151,5 @@ def output_model(setup: Setup, state: State):
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate,
+                label_rank=label_rank_of)

@@ -18,7 +18,7 @@ from jsfl.methods import sfl
 from jsfl.methods.base import Method, label_rank_of, split_communication
 from jsfl.options import Option
 
-OPTIONS = {"smoothing": Option(float, 0.1, "label smoothing eps", range="[0, 1)")}
+OPTIONS = {"smoothing": Option(float, 0.1, "label smoothing eps", range="[0, 1)", batchable=True)}
 State, init, output_model = sfl.State, sfl.init, sfl.output_model
 communication = split_communication
 
