@@ -676,7 +676,8 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
   path = os.path.join(run_dir, "config.json")
   try:
     with open(path) as f:
-      stored = json.load(f)["config"]
+      written = json.load(f)
+    stored = written["config"]
     if not isinstance(stored, dict) or not all(isinstance(v, dict) for v in stored.values()):
       raise TypeError
   except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -689,6 +690,13 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
     raise config_lib.ConfigError(f"{path}: {e}") from None
   if progress is not None:
     cfg["exec"]["progress"] = progress
+  # A run continues with the client loop it started with, even where a later
+  # jsfl measures another default for "auto": the values agree only to float
+  # tolerance across loops, and a resumed run must equal an uninterrupted one.
+  started_with = (written.get("resolved") or {}).get("client_exec")
+  if cfg["exec"]["client_exec"] == "auto" and started_with in config_lib.SCHEMA[
+      "exec"]["client_exec"].choices[1:]:
+    cfg["exec"]["client_exec"] = started_with
   R = cfg["run"]["rounds"]
   done = checkpoint.latest_round(os.path.join(run_dir, "checkpoints"))
   if (done or 0) >= R or (done is None and _finished_without_checkpoints(run_dir, cfg)):

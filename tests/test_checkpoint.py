@@ -313,3 +313,19 @@ def test_a_write_killed_before_it_is_final_is_never_restored(tmp_path):
   ck.save(2, {"w": jnp.full(4, 2.0)}, [0], np.ones(1), np.ones(1))  # the round again
   assert ck.restore({"w": jnp.zeros(4)}, [0])[0] == 2
   ck.close()
+
+
+@pytest.mark.parametrize("started_with", ["map", "vmap"])
+def test_resume_keeps_the_client_loop_the_run_started_with(tmp_path, monkeypatch,
+                                                           started_with):
+  """``client_exec = auto`` resolves per machine and jsfl version; a resumed
+  run keeps the loop recorded at its start, so it continues bit for bit."""
+  from jsfl import config
+  cfg = config.resolve({})
+  assert cfg["exec"]["client_exec"] == "auto"
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"config": cfg, "resolved": {"client_exec": started_with}}))
+  seen = {}
+  monkeypatch.setattr(runner, "run", lambda c, resume=None: seen.update(cfg=c) or resume)
+  runner.resume(str(tmp_path))
+  assert seen["cfg"]["exec"]["client_exec"] == started_with
