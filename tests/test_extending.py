@@ -91,4 +91,7 @@ def test_the_example_is_short_and_registered():
   assert len(code) <= 30, len(code)
   cfg = config.resolve({"method": {"name": "sfl_smooth", "smoothing": 0.05}})
   assert cfg["method"]["smoothing"] == 0.05
-  assert "sfl_smooth" in (ROOT / "docs/extending.md").read_text()
+  page = (ROOT / "docs/extending.md").read_text()
+  shown = page.split("```python\n", 1)[1].split("```", 1)[0]
+  assert shown.strip() == src[src.index("import jax"):].strip(), (
+      "docs/extending.md must show jsfl/methods/sfl_smooth.py as it is")
