@@ -49,19 +49,6 @@ def round_lr(base_lr, decay, floor, round_idx):
   return jnp.maximum(base_lr * decay ** round_idx.astype(jnp.float32), floor)
 
 
-def sgd_update(tx, params, grads, opt_state, active):
-  """One optimiser step, skipped (state unchanged) where ``active`` is False.
-
-  Gating keeps momentum and weight decay from moving a portion on a batch
-  step where its client had no data left.
-  """
-  updates, new_state = tx.update(grads, opt_state, params)
-  new_params = optax.apply_updates(params, updates)
-  keep = lambda new, old: jnp.where(active, new, old)
-  return (jax.tree.map(keep, new_params, params),
-          jax.tree.map(keep, new_state, opt_state))
-
-
 def gate(active, new, old):
   """``new`` where ``active`` else ``old``, leafwise."""
   return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)

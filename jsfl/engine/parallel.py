@@ -41,6 +41,7 @@ from flax import struct
 from jax import lax
 
 from jsfl.engine import batching, common
+from jsfl.engine.split import Portion
 from jsfl.methods.base import (
   Setup,
   map_clients,
@@ -121,8 +122,8 @@ def local_step(setup: Setup, tx, data, params, stats, opt_state, idx, mask,
   (_, (new_stats, ce, extra)), grads = jax.value_and_grad(
       lambda p: client_loss(setup, p, stats, x, y, mask, aux, client, idx),
       has_aux=True)(params)
-  params, opt_state = common.sgd_update(tx, params, grads, opt_state, active)
-  stats = common.gate(active, new_stats, stats)
+  new = Portion(params, stats, opt_state).step(tx, grads, new_stats, active)
+  params, stats, opt_state = new.params, new.stats, new.opt
   return params, stats, opt_state, jnp.stack([ce, extra]) * jnp.sum(mask)
 
 

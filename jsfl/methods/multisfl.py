@@ -752,10 +752,9 @@ def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, sqsum, f1,
     m_all = mask
     loss, _, ns2, g2, g_a = split.server_grads(setup, p2, s2, act, y, mask)
   (g1,) = vjp_fn(g_a[:act.shape[0]])
-  p1, o1 = common.sgd_update(tx, p1, g1, o1, active)
-  p2, o2 = common.sgd_update(tx, p2, g2, o2, active)
-  s1 = common.gate(active, ns1, s1)
-  s2 = common.gate(active, ns2, s2)
+  c1 = split.Portion(p1, s1, o1).step(tx, g1, ns1, active)
+  c2 = split.Portion(p2, s2, o2).step(tx, g2, ns2, active)
+  (p1, s1, o1), (p2, s2, o2) = (c1.params, c1.stats, c1.opt), (c2.params, c2.stats, c2.opt)
   gsum = jax.tree.map(lambda a, g: a + jnp.where(active, g, 0.0), gsum, g2)
   sqsum = sqsum + jnp.where(active, 2.0 * sq_norm(g1) + sq_norm(g2), 0.0)
   count = jnp.where(active, jnp.sum(m_all), 0)
