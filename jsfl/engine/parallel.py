@@ -44,6 +44,7 @@ from jsfl.engine import batching, common
 from jsfl.engine.split import Portion
 from jsfl.methods.base import (
   Setup,
+  fresh_opt_states,
   map_clients,
   plan_round,
   portion_bytes,
@@ -175,7 +176,7 @@ def train_clients_per_step(setup: Setup, plan, data, params, stats, aux=zero_aux
   per step (``client_exec = "vmap"``); arguments as :func:`train_clients`."""
   if start is None:
     start = jax.tree.map(lambda a: a[0], (params, stats))
-  opt = jax.vmap(lambda p: common.with_lr(plan.tx.init(p), plan.lr))(params)
+  opt = fresh_opt_states(plan, params)
 
   def step(carry, batch):
     p, s, o = carry

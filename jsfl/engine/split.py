@@ -37,7 +37,7 @@ from flax import struct
 from jax import lax
 
 from jsfl.engine import batching, common
-from jsfl.methods.base import map_clients, plan_round, round_metrics
+from jsfl.methods.base import fresh_opt_states, map_clients, plan_round, round_metrics
 
 
 @struct.dataclass
@@ -64,11 +64,10 @@ def fresh(tx, lr, params, stats) -> Portion:
   return Portion(params, stats, common.with_lr(tx.init(params), lr))
 
 
-def fresh_stack(tx, lr, params, stats) -> Portion:
-  """Stacked portions, each with its own new optimiser state (a client's
-  optimiser lives one round, SPEC 1.3)."""
-  return Portion(params, stats,
-                 jax.vmap(lambda p: common.with_lr(tx.init(p), lr))(params))
+def fresh_stack(plan, params, stats) -> Portion:
+  """Stacked portions, each with its own new optimiser state at the round's
+  learning rate (a client's optimiser lives one round, SPEC 1.3)."""
+  return Portion(params, stats, fresh_opt_states(plan, params))
 
 
 def kept(opt, lr, params, stats) -> Portion:
@@ -272,7 +271,7 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
     orders = common.processing_orders(setup.order, plan.order_key, num_steps,
                                       plan.clients, data["dominant"], label_rank)
   if starts is None:
-    clients = fresh_stack(plan.tx, plan.lr, common.broadcast(state.part1, n),
+    clients = fresh_stack(plan, common.broadcast(state.part1, n),
                           common.broadcast(state.part1_stats, n))
   else:
     clients = starts(plan)

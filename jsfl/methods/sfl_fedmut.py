@@ -133,7 +133,7 @@ def round(setup: Setup, state: State, data, key):
   out = split.split_round(
       setup, state, data, key, server=sfl.server(state), serve=sfl.serve(setup),
       starts=lambda plan: split.fresh_stack(
-          plan.tx, plan.lr, starts,
+          plan, starts,
           common.broadcast(state.part1_stats, setup.clients_per_round)),
       label_rank=state.label_rank)
   new, metrics = sfl.finish(state, out, prev_part1=state.part1)

@@ -42,7 +42,7 @@ def init(setup: Setup, key) -> State:
 
 def server(state, n: int):
   """Every participant's copy of part-2, each with a fresh optimiser."""
-  return lambda plan: split.fresh_stack(plan.tx, plan.lr, common.broadcast(state.part2, n),
+  return lambda plan: split.fresh_stack(plan, common.broadcast(state.part2, n),
                                         common.broadcast(state.part2_stats, n))
 
 

@@ -84,7 +84,7 @@ def round(setup: Setup, state: State, data, key):
       setup, state, data, key, server=splitfedv1.server(state, setup.clients_per_round),
       serve=splitfedv1.serve(setup), aggregate=None,
       starts=lambda plan: split.fresh_stack(
-          plan.tx, plan.lr, common.take_rows(state.part1, plan.clients),
+          plan, common.take_rows(state.part1, plan.clients),
           common.take_rows(state.part1_stats, plan.clients)))
   clients = out.plan.clients
   part2, stats2 = split.uniform(out.server, out.plan)

@@ -90,7 +90,7 @@ def round(setup: Setup, state: State, data, key):
 
   def visit(carry, client_batches):
     part1, stats1, srv = carry  # part-1 relayed from the previous client
-    client = split.fresh_stack(plan.tx, plan.lr, common.broadcast(part1, 1),
+    client = split.fresh_stack(plan, common.broadcast(part1, 1),
                                common.broadcast(stats1, 1))
     (client, srv), lsums = lax.scan(step, (client, srv), client_batches)
     return (*common.take_rows((client.params, client.stats), 0), srv), jnp.sum(lsums)
