@@ -14,12 +14,10 @@ import argparse
 import json
 import os
 import platform
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jsfl.rundir import read_metrics, write_json_atomic  # noqa: E402
+from jsfl.rundir import read_metrics, write_json_atomic
 
 
 def describe(run_dir: str) -> dict:
@@ -58,9 +56,9 @@ def describe(run_dir: str) -> dict:
 
 def method_label(m: dict) -> str:
   """The method name plus its method-specific options that are not default."""
-  from jsfl.methods.base import get_method
-  options = getattr(get_method(m["name"]), "OPTIONS", {})
-  shown = [f"{k}={m[k]}" for k, spec in options.items() if k in m and m[k] != spec[1]]
+  from jsfl.config import method_options
+  options = method_options(m["name"])
+  shown = [f"{k}={m[k]}" for k, opt in options.items() if k in m and m[k] != opt.default]
   return m["name"] + (f" ({', '.join(shown)})" if shown else "")
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from jsfl.errors import UserError
 from jsfl.methods.registry import METHODS
-from jsfl.options import INT32_MAX, Option, as_option, check
+from jsfl.options import INT32_MAX, Option, check, options_of
 
 Field = Option
 
@@ -268,13 +268,13 @@ def _check_open(where: str, value):
 
 
 def method_options(name: str) -> dict[str, Option]:
-  """The ``[method]`` keys that only method ``name`` reads, as Options."""
-  from jsfl.methods.base import get_method
-  return {k: as_option(v) for k, v in get_method(name).options.items()}
+  """The ``[method]`` keys that only method ``name`` reads, as Options (its
+  option set in ``jsfl.methods.registry``)."""
+  return options_of(METHODS[name].options)
 
 
 def _check_method_options(cfg):
-  """Method-specific keys of [method] against the method's ``OPTIONS``."""
+  """Method-specific keys of [method] against the method's option set."""
   options = method_options(cfg["method"]["name"])
   for key in extra_options(cfg, "method"):
     if key not in options:
@@ -325,10 +325,10 @@ def markdown_reference() -> str:
 
 
 def _method_options_reference() -> list[str]:
-  """One table per method with its own ``[method]`` keys (module ``OPTIONS``)."""
+  """One table per method with its own ``[method]`` keys (its option set)."""
   lines = ["## Method options", "",
-           ("Keys under `[method]` that only one method reads (its module's "
-           "`OPTIONS`), checked when `method.name` selects it."), ""]
+           ("Keys under `[method]` that only one method reads (its option set in "
+           "`jsfl/methods/registry.py`), checked when `method.name` selects it."), ""]
   for name in METHODS:
     options = method_options(name)
     if not options:

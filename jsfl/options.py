@@ -8,11 +8,16 @@ place a value is accepted or rejected: wrong type, a non-finite float (TOML
 spells ``nan`` and ``inf``), a value outside the interval or the choices, an
 int too large for the arrays it ends up in.
 
+A method's own options are an *option set* (:func:`option_set`): a frozen
+dataclass whose fields are declared with :func:`option`; the config schema,
+its checks and the docs read their Options through :func:`options_of`.
+
 Importable without JAX.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, NamedTuple
 
@@ -101,7 +106,54 @@ def check(where: str, value, opt: Option, error=ValueError):
   return value
 
 
-def as_option(spec) -> Option:
-  """An :class:`Option` from a legacy ``(type, default, help[, choices])``
-  tuple (third-party methods may still declare those)."""
-  return spec if isinstance(spec, Option) else Option(*spec)
+# ------------------------------------------------------------ option sets
+# A method's options are one frozen dataclass (an *option set*): a field per
+# ``[method]`` key, its type from the annotation and the rest of its Option
+# from :func:`option`.  Frozen and made of scalars, an instance is hashable,
+# so it can sit in the static ``Setup`` a round closes over.
+
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def option(default, help: str, *, choices: tuple | None = None, range: str | None = None,
+           batchable: bool = False):
+  """One field of an option set: its default and the rest of its
+  :class:`Option` (the type is the field's annotation)."""
+  meta = {"help": help, "choices": choices, "range": range, "batchable": batchable}
+  return dataclasses.field(default=default, metadata={"jsfl.option": meta})
+
+
+def option_set(cls):
+  """Makes ``cls`` a frozen dataclass of options, each field from
+  :func:`option`, with ``cls.of(setup)``: the run's values, defaults filled
+  in (``setup.options`` is an instance, or ``(key, value)`` pairs)."""
+  cls = dataclasses.dataclass(frozen=True)(cls)
+  for f in dataclasses.fields(cls):
+    if "jsfl.option" not in f.metadata:
+      raise TypeError(f"{cls.__name__}.{f.name}: declare it with jsfl.options.option()")
+    if f.type not in _SCALARS and f.type not in _SCALARS.values():
+      raise TypeError(f"{cls.__name__}.{f.name}: type {f.type!r}; allowed: int, float, "
+                      "str, bool")
+  cls.of = classmethod(_of)
+  return cls
+
+
+def _of(cls, setup):
+  given = setup.options
+  if isinstance(given, cls):
+    return given
+  return cls(**dict(given or ()))
+
+
+def options_of(cls) -> dict[str, Option]:
+  """The :class:`Option` of every field of option set ``cls``, in order."""
+  out = {}
+  for f in dataclasses.fields(cls):
+    typ = _SCALARS.get(f.type, f.type)
+    out[f.name] = Option(typ, f.default, **f.metadata["jsfl.option"])
+  return out
+
+
+@option_set
+class NoOptions:
+  """The option set of a method without options of its own."""

@@ -141,7 +141,7 @@ def ref_hydra(setup, data, key, rounds):
   """Hydra with loops over rounds, steps, clients (in order) and heads."""
   G = hydra.num_groups(setup)
   st = hydra.init(setup, key)
-  table = hydra.superclass_table(setup.option("superclasses", "consecutive"),
+  table = hydra.superclass_table(dict(setup.options).get("superclasses", "consecutive"),
                                  setup.num_classes, G)
   group = ref_grouping(np.asarray(data["counts"]), table, G)
   server = HydraRefServer(setup, st, group)

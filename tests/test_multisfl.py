@@ -571,7 +571,7 @@ class NTDRefServer(RefServer):
   def serve(self, act, y, m, lr, client, x):
     setup = self.setup
     tl = ref_logits(setup.model, *self.teacher, x)
-    cfg = (setup.cut, setup.option("beta"), setup.option("tau"))
+    cfg = (setup.cut, dict(setup.options)["beta"], dict(setup.options)["tau"])
     l, ns2, g2, ga = ref_ntd_grad(setup.model, self.part2, self.stats2, act, y, m, tl, cfg)
     self.part2, self.buf = ref_sgd(self.part2, g2, self.buf, lr, setup)
     self.stats2 = ns2
@@ -584,8 +584,8 @@ def fedmut_starts(setup, part1):
   prev = {"p": part1}
 
   def starts(r, rkey, part1, n):
-    a, rate = setup.option("radius"), setup.option("acc_rate")
-    beta = rate * (1 - min(max(r - 1, 0) / setup.option("bound"), 1))
+    a, rate = dict(setup.options)["radius"], dict(setup.options)["acc_rate"]
+    beta = rate * (1 - min(max(r - 1, 0) / dict(setup.options)["bound"], 1))
     leaves, tdef = jax.tree.flatten(part1)
     signs = np.asarray(sfl_fedmut.mutation_signs(
         jax.random.fold_in(rkey, sfl_fedmut._MUT_STREAM), len(leaves), n, beta))
@@ -620,7 +620,7 @@ def ref_sfl_form(mod, setup, data, key, rounds):
   if mod is sfl_fedmut:
     kw["starts"] = fedmut_starts(setup, st.part1)
   if mod is sfl_fedexp:
-    kw["aggregate"] = fedexp_aggregate(setup.option("eps"))
+    kw["aggregate"] = fedexp_aggregate(dict(setup.options)["eps"])
   (part1, stats1), losses, _ = ref_split(setup, data, key, rounds, st.part1,
                                          st.part1_stats, server, st.label_rank, **kw)
   return (part1, stats1, server.part2, server.stats2), losses

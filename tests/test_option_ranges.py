@@ -1,15 +1,20 @@
 """Every method option declares what it allows, and the config layer enforces it.
 
-Config only: ``load_config`` imports the method modules but trains nothing.
+Config only: nothing is trained, and no method module is imported.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import subprocess
+import sys
+import types
 
 import pytest
 
 from jsfl import config, options
+from jsfl.methods import registry
 from jsfl.methods.registry import METHODS
 
 # Int/float options allowed to have no declared range, each with the reason
@@ -75,7 +80,7 @@ def test_numeric_option_declares_range(name, key, opt):
     return
   assert opt.range is not None, (
       f"{name}: method.{key} ({opt.type.__name__}) declares no range; declare one in "
-      f"its OPTIONS or list it with a reason in NO_RANGE")
+      f"its option set or list it with a reason in NO_RANGE")
   lo, hi, *_ = options._bounds(opt.range)   # parses
   assert lo < hi
 
@@ -155,3 +160,42 @@ def test_optimiser_scalars():
   switch optax transforms on or off, so they are static."""
   optim = config.SCHEMA["optim"]
   assert [k for k, o in optim.items() if o.batchable] == ["lr", "lr_decay", "lr_min"]
+
+
+# ------------------------------------------------------------ option sets
+def test_schema_and_docs_need_no_jax():
+  """The registry holds every option set, so config checks and the config
+  reference never import a method module (nor JAX)."""
+  code = ("import sys; from jsfl import config; "
+          "config.load_config(None, ['method.name=multisfl', 'method.gamma=0.3']); "
+          "config.markdown_reference(); "
+          "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if 'jax' in m)")
+  subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_option_set_reads_setup_options():
+  Smooth = METHODS["sfl_smooth"].options
+  setup = types.SimpleNamespace
+  assert Smooth.of(setup(options=())).smoothing == 0.1            # defaults
+  assert Smooth.of(setup(options=(("smoothing", 0.3),))).smoothing == 0.3
+  given = Smooth(smoothing=0.2)
+  assert Smooth.of(setup(options=given)) is given
+  with pytest.raises(TypeError, match="smoothing_eps"):
+    Smooth.of(setup(options=(("smoothing_eps", 0.3),)))          # a typo is not ignored
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    given.smoothing = 0.5
+  assert hash(given) == hash(Smooth(smoothing=0.2))                # static in a jit closure
+
+
+def test_option_set_declarations_are_checked():
+  with pytest.raises(TypeError, match="declare it with"):
+    @options.option_set
+    class Bare:
+      x: float = 1.0
+  with pytest.raises(TypeError, match="allowed: int, float, str, bool"):
+    @options.option_set
+    class Listy:
+      xs: list = options.option((), "a list")
+  with pytest.raises(TypeError, match="not an option set"):
+    registry.register("broken", "jsfl.methods.sfl", dict)
+  assert "broken" not in METHODS

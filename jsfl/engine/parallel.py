@@ -231,6 +231,16 @@ def train_clients(setup: Setup, plan, data, params, stats, aux=zero_aux,
   return params, stats, jnp.sum(sums, axis=0)
 
 
+def train_participants(setup: Setup, plan, data, params, stats, aux=zero_aux, ctx=None,
+                       start=None):
+  """The participants' local training in the client loop ``client_exec``
+  asks for: steps outer with the clients vmapped per step (``vmap``), or
+  clients outer (``map`` / ``unroll``); the same values either way.
+  Arguments and result as :func:`train_clients`."""
+  train = train_clients_per_step if setup.client_exec == "vmap" else train_clients
+  return train(setup, plan, data, params, stats, aux, ctx, start)
+
+
 def parallel_round(setup: Setup, state: State, data, key, *, aux=zero_aux,
                    ctx_fn=None, after=None):
   """One FedAvg-style round with the method's hooks.
@@ -256,9 +266,8 @@ def parallel_round(setup: Setup, state: State, data, key, *, aux=zero_aux,
   params = common.broadcast(state.params, n)
   stats = common.broadcast(state.stats, n)
   ctx = None if ctx_fn is None else ctx_fn(plan, state)
-  train = train_clients_per_step if setup.client_exec == "vmap" else train_clients
-  params, stats, sums = train(setup, plan, data, params, stats, aux, ctx,
-                              (state.params, state.stats))
+  params, stats, sums = train_participants(setup, plan, data, params, stats, aux, ctx,
+                                           (state.params, state.stats))
   extra = state.extra if after is None else after(plan, state, params, stats, data)
   new = State(common.weighted_mean(params, plan.sizes),
               common.weighted_mean(stats, plan.sizes), state.round + 1, extra)

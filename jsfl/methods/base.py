@@ -49,14 +49,11 @@ class Setup:
   weight_decay: float = 0.0
   client_exec: str = "vmap"
   server_unroll: int = 1
-  options: tuple = ()         # method-specific (key, value) pairs
+  options: object = ()        # the method's option set (or (key, value) pairs)
 
   @property
   def num_classes(self) -> int:
     return self.model.num_classes
-
-  def option(self, name: str, default=None):
-    return dict(self.options).get(name, default)
 
   def replace(self, **kw) -> Setup:
     return dataclasses.replace(self, **kw)
@@ -126,7 +123,7 @@ def round_metrics(plan: RoundPlan, loss_sums, clients=None) -> dict:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Method:
   """A method as a value (the ``METHOD`` of its module, registered by name in
-  ``jsfl.methods.registry``).
+  ``jsfl.methods.registry`` with its option set).
 
   * ``init(setup, key) -> state``: a pytree;
   * ``round(setup, state, data, key) -> (state, metrics)``: one round, pure
@@ -135,7 +132,6 @@ class Method:
   * ``communication(setup, samples) -> (bytes_up, bytes_down)`` of a round
     from its processed-sample count (a round may return ``bytes_up`` /
     ``bytes_down`` metrics itself, which take precedence);
-  * ``options``: the method's own ``[method]`` keys (name -> ``Option``);
   * ``predict(setup, state, x) -> logits``: for outputs that are not one
     staged model (SplitFedV3, MultiHead); None evaluates ``output_model``;
   * ``validate(setup)``: raises ValueError for an impossible option value
@@ -150,7 +146,6 @@ class Method:
   round: Callable
   output_model: Callable
   communication: Callable
-  options: dict = dataclasses.field(default_factory=dict)
   predict: Callable | None = None
   validate: Callable | None = None
   artifacts: Callable | None = None
@@ -166,7 +161,7 @@ def get_method(name: str) -> Method:
   """The method registered under ``name``."""
   if name not in METHODS:
     raise ValueError(f"method={name!r}; allowed: {', '.join(sorted(METHODS))}")
-  return importlib.import_module(METHODS[name]).METHOD
+  return importlib.import_module(METHODS[name].module).METHOD
 
 
 LABEL_BYTES = 4  # labels travel as int32

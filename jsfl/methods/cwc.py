@@ -30,17 +30,7 @@ from flax import struct
 from jsfl.engine import parallel
 from jsfl.methods import fedcurv, fedseq
 from jsfl.methods.base import Method, Setup, label_rank_of, plan_round
-from jsfl.options import Option
-
-# lam < 0 would reward moving away from the consolidated weights; sigma > 1
-# would grow old importance every round instead of decaying it.
-OPTIONS = {
-    "lam": Option(float, 1.0, "consolidation penalty coefficient lambda (0 = FedSeq)",
-                  range="[0, inf)", batchable=True),
-    "sigma": Option(float, 0.5, ("decay of the importance matrix at each round start "
-                                 "(0 = forget, 1 = keep)"), range="[0, 1]", batchable=True),
-    "fisher": Option(str, "batch", "diagonal Fisher estimator", fedcurv.FISHER_MODES),
-}
+from jsfl.methods.registry import CWCOptions
 
 
 @struct.dataclass
@@ -66,9 +56,8 @@ def consolidation_penalty(params, anchor, importance, lam):
 
 def round(setup: Setup, state: State, data, key):
   """One CWC round (FedSeq's contract; metrics add ``reg_loss``)."""
-  lam = float(setup.option("lam", 1.0))
-  sigma = float(setup.option("sigma", 0.5))
-  mode = setup.option("fisher", "batch")
+  o = CWCOptions.of(setup)
+  lam, sigma, mode = o.lam, o.sigma, o.fisher
   plan = plan_round(setup, data, key, state.round)
   seq = fedseq.sequence_order(setup, plan, data, state.label_rank)
 
@@ -98,4 +87,4 @@ def communication(setup: Setup, samples: int):
   return b, b
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)

@@ -34,16 +34,7 @@ from jax import lax
 
 from jsfl.engine import batching, common, parallel
 from jsfl.methods.base import Method, Setup, map_clients
-from jsfl.options import Option
-
-FISHER_MODES = ("batch", "sample")
-
-# lam < 0 would reward moving away from the other clients' important weights.
-OPTIONS = {
-    "lam": Option(float, 1.0, "FedCurv penalty coefficient lambda (0 = FedAvg)",
-                  range="[0, inf)", batchable=True),
-    "fisher": Option(str, "batch", "diagonal Fisher estimator", FISHER_MODES),
-}
+from jsfl.methods.registry import FISHER_MODES, FedCurvOptions
 
 State = parallel.State
 
@@ -139,8 +130,8 @@ def curv_penalty(params, u, v, w, lam):
 
 def round(setup: Setup, state: State, data, key):
   """One FedCurv round (see ``parallel.parallel_round`` for the contract)."""
-  lam = float(setup.option("lam", 1.0))
-  mode = setup.option("fisher", "batch")
+  o = FedCurvOptions.of(setup)
+  lam, mode = o.lam, o.fisher
 
   def ctx_fn(plan, st):
     return jax.vmap(lambda c: penalty_sums(st.extra, c))(plan.clients)
@@ -172,4 +163,4 @@ def communication(setup: Setup, samples: int):
   return b, b
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS)
+METHOD = Method(init, round, output_model, communication)

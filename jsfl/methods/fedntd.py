@@ -22,15 +22,7 @@ import jax.numpy as jnp
 
 from jsfl.engine import parallel
 from jsfl.methods.base import Method, Setup
-from jsfl.options import Option
-
-# beta < 0 would push the local model away from the global one; tau divides
-# the logits (tau = 0 is a division by zero).
-OPTIONS = {
-    "beta": Option(float, 1.0, "weight of the not-true distillation term (0 = FedAvg)",
-                   range="[0, inf)", batchable=True),
-    "tau": Option(float, 1.0, "distillation temperature", range="(0, inf)", batchable=True),
-}
+from jsfl.methods.registry import FedNTDOptions
 
 State = parallel.State
 
@@ -82,8 +74,8 @@ def init(setup: Setup, key) -> State:
 def make_aux(setup: Setup):
   """FedNTD's loss term ``aux(p, batch, client)`` (``parallel`` contract):
   the global model is ``client.start`` run in eval mode on the batch."""
-  beta = float(setup.option("beta", 1.0))
-  tau = float(setup.option("tau", 1.0))
+  o = FedNTDOptions.of(setup)
+  beta, tau = o.beta, o.tau
 
   def aux(p, batch, client):
     g = setup.model.apply(client.start, client.start_stats, batch.x, train=False)[0]
@@ -104,4 +96,4 @@ def output_model(setup: Setup, state: State):
 communication = parallel.communication
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS)
+METHOD = Method(init, round, output_model, communication)

@@ -16,12 +16,7 @@ import jax.numpy as jnp
 
 from jsfl.engine import parallel
 from jsfl.methods.base import Method, Setup
-from jsfl.options import Option
-
-# mu < 0 would reward drifting from the global model (the loss is unbounded
-# below); mu = 0 is FedAvg.
-OPTIONS = {"mu": Option(float, 0.01, "proximal coefficient mu (0 = FedAvg)",
-                        range="[0, inf)", batchable=True)}
+from jsfl.methods.registry import FedProxOptions
 
 State = parallel.State
 
@@ -38,7 +33,7 @@ def init(setup: Setup, key) -> State:
 
 def make_aux(setup: Setup):
   """FedProx's loss term ``aux(p, batch, client)`` (``parallel`` contract)."""
-  mu = float(setup.option("mu", 0.01))
+  mu = FedProxOptions.of(setup).mu
   return lambda p, batch, client: prox_term(p, client.start, mu)
 
 
@@ -54,4 +49,4 @@ def output_model(setup: Setup, state: State):
 communication = parallel.communication
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS)
+METHOD = Method(init, round, output_model, communication)

@@ -40,8 +40,6 @@ from jsfl.engine import common, parallel
 from jsfl.engine.parallel import Client, train_client, zero_aux
 from jsfl.methods.base import Method, Setup, label_rank_of, plan_round, round_metrics
 
-OPTIONS: dict = {}
-
 
 @struct.dataclass
 class State:
@@ -145,4 +143,4 @@ def communication(setup: Setup, samples: int):
   return b, b
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)

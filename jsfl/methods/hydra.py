@@ -38,7 +38,7 @@ from jax import lax
 
 from jsfl.engine import common, split
 from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
-from jsfl.options import Option
+from jsfl.methods.registry import HydraOptions
 
 # Superclass tables: label -> group.  CIFAR-10 labels are airplane,
 # automobile, bird, cat, deer, dog, frog, horse, ship, truck (Hydra App. H).
@@ -53,21 +53,6 @@ SUPERCLASSES = {
     ("fashion_mnist", 5): (0, 1, 0, 1, 2, 3, 0, 3, 4, 3),
     # clothing, footwear+bags
     ("fashion_mnist", 2): (0, 0, 0, 0, 0, 1, 0, 1, 1, 1),
-}
-SUPERCLASS_NAMES = ("consecutive", "cifar10", "fashion_mnist")
-
-# Ranges hold the sentinels (groups 0, head_cut -1) and a generous upper
-# bound; ``validate`` checks against the model and dataset (G <= L,
-# cut < head_cut < the model's stages).
-OPTIONS = {
-    "groups": Option(int, 0, "number of heads G (0 = number of labels L)",
-                     range="[0, 1000000]"),
-    "head_cut": Option(int, -1, ("first stage of the heads (-1 = the model's default "
-                                 "or the `head` preset)"), range="[-1, 10000]"),
-    "head": Option(str, "", ("named head length of the model (MobileNetV1: "
-                             "'small' = last 2 stages, 'large' = from stage 20)")),
-    "superclasses": Option(str, "consecutive", "label -> group table when G < L",
-                           SUPERCLASS_NAMES),
 }
 
 
@@ -130,13 +115,13 @@ def group_clients(rho, table, groups: int):
 
 
 def num_groups(setup: Setup) -> int:
-  return setup.option("groups", 0) or setup.num_classes
+  return HydraOptions.of(setup).groups or setup.num_classes
 
 
 def head_cut(setup: Setup) -> int:
   """The first head stage from ``head_cut`` / ``head`` / the model default."""
-  cut = setup.option("head_cut", -1)
-  preset = setup.option("head", "")
+  cut = HydraOptions.of(setup).head_cut
+  preset = HydraOptions.of(setup).head
   presets = dict(setup.model.head_cuts)
   if cut != -1 and preset:
     raise ValueError(f"method.head_cut={cut} and method.head={preset!r}; "
@@ -153,12 +138,12 @@ def validate(setup: Setup) -> None:
   """Raises ValueError for an impossible head cut or grouping."""
   hc = head_cut(setup)
   setup.model.check_cut(hc, "method.head_cut", low=setup.cut + 1)
-  superclass_table(setup.option("superclasses", "consecutive"), setup.num_classes,
+  superclass_table(HydraOptions.of(setup).superclasses, setup.num_classes,
                    num_groups(setup))
 
 
 def groups_of(setup: Setup, counts):
-  table = superclass_table(setup.option("superclasses", "consecutive"),
+  table = superclass_table(HydraOptions.of(setup).superclasses,
                            setup.num_classes, num_groups(setup))
   return group_clients(counts, jnp.asarray(table), num_groups(setup))
 
@@ -278,7 +263,7 @@ def output_model(setup: Setup, state: State):
 
 def artifacts(setup: Setup, partitions) -> dict:
   """``groups.json``: per seed, client -> group and each group's labels."""
-  table = superclass_table(setup.option("superclasses", "consecutive"),
+  table = superclass_table(HydraOptions.of(setup).superclasses,
                            setup.num_classes, num_groups(setup))
   seeds = []
   for p in partitions:
@@ -291,12 +276,12 @@ def artifacts(setup: Setup, partitions) -> dict:
                    for g in range(num_groups(setup))]})
   return {"groups.json": {"num_groups": num_groups(setup),
                           "head_cut": head_cut(setup),
-                          "superclasses": setup.option("superclasses", "consecutive"),
+                          "superclasses": HydraOptions.of(setup).superclasses,
                           "label_group": table, "seeds": seeds}}
 
 
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate,
+METHOD = Method(init, round, output_model, communication, validate=validate,
                 artifacts=artifacts, label_rank=label_rank_of)

@@ -3,7 +3,8 @@ Continual Learning Framework for Dynamic Edge Environments", CANDAR 2023, as
 adapted by Hydra (AAAI 2026, Appendix B) for its comparison.  SPEC 2.
 
 FL (each participant trains the whole model for ``local_epochs`` epochs, the
-step of ``jsfl.engine.parallel.local_step``) with the model cut at ``head_cut``: the body,
+parallel engine's local training, ``jsfl.engine.parallel.train_participants``)
+with the model cut at ``head_cut``: the body,
 stages ``[0, head_cut)``, is averaged sample-weighted at round end; the head,
 stages ``[head_cut, end)``, is kept per client.  The state holds all ``K``
 heads stacked on a leading client axis; a round gathers the participants'
@@ -34,20 +35,12 @@ from jsfl.engine import common, parallel
 from jsfl.methods.base import (
   Method,
   Setup,
-  fresh_opt_states,
-  map_clients,
   plan_round,
   portion_bytes,
   round_metrics,
 )
+from jsfl.methods.registry import MultiHeadOptions
 from jsfl.methods.splitfedv3 import max_logit_select
-from jsfl.options import Option
-
-# -1 is the sentinel; ``validate`` checks the cut against the model's stages.
-OPTIONS = {
-    "head_cut": Option(int, -1, ("first stage of the per-client heads; -1 = the "
-                                 "model's default_head_cut"), range="[-1, 10000]"),
-}
 
 
 @struct.dataclass
@@ -61,7 +54,7 @@ class State:
 
 def head_cut(setup: Setup) -> int:
   """The resolved, validated ``head_cut`` option."""
-  h = setup.option("head_cut", -1)
+  h = MultiHeadOptions.of(setup).head_cut
   h = setup.model.default_head_cut if h == -1 else h
   return setup.model.check_cut(h, "method.head_cut")
 
@@ -92,30 +85,20 @@ def round(setup: Setup, state: State, data, key):
     (participants, ascending).
   """
   plan = plan_round(setup, data, key, state.round)
-  tx, n, h = plan.tx, setup.clients_per_round, head_cut(setup)
+  n, h = setup.clients_per_round, head_cut(setup)
   params = (common.broadcast(state.body, n)
             + common.take_rows(state.heads, plan.clients))
   stats = (common.broadcast(state.body_stats, n)
            + common.take_rows(state.heads_stats, plan.clients))
-  opt = fresh_opt_states(plan, params)
-
-  def step(carry, batch):
-    params, stats, opt = carry
-    params, stats, opt, sums = map_clients(
-        lambda p, s, o, i, m: parallel.local_step(setup, tx, data, p, s, o, i, m),
-        setup.client_exec, params, stats, opt, *batch)
-    return (params, stats, opt), jnp.sum(sums[:, 0])
-
-  (params, stats, _), lsums = common.scan_live(
-      step, (params, stats, opt), (plan.idx, plan.mask),
-      common.live_steps(plan.mask))
+  # a client's whole model trains locally, as in FedAvg; only the body is averaged
+  params, stats, sums = parallel.train_participants(setup, plan, data, params, stats)
   new = state.replace(
       body=common.weighted_mean(params[:h], plan.sizes),
       body_stats=common.weighted_mean(stats[:h], plan.sizes),
       heads=common.put_rows(state.heads, plan.clients, params[h:]),
       heads_stats=common.put_rows(state.heads_stats, plan.clients, stats[h:]),
       round=state.round + 1)
-  return new, round_metrics(plan, lsums)
+  return new, round_metrics(plan, sums[0])
 
 
 def predict(setup: Setup, state: State, x):
@@ -148,5 +131,5 @@ def communication(setup: Setup, samples: int):
   return setup.clients_per_round * b, setup.clients_per_round * b
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, predict=predict,
+METHOD = Method(init, round, output_model, communication, predict=predict,
                 validate=validate)

@@ -111,6 +111,7 @@ the metrics' bytes when present.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -130,107 +131,7 @@ from jsfl.methods.base import (
   portion_bytes,
   split_communication,
 )
-from jsfl.options import Option
-
-REPLAY_MODES = ("adaptive", "fixed", "off")
-P_RULES = ("clp", "relative", "spec")
-GRAD_SIGNALS = ("authors", "spec")
-SCORE_UPDATES = ("authors", "eq2")
-ROUNDINGS = ("authors", "spec")
-ASSISTANTS = ("not_self", "inactive")
-SERVER_OPTS = ("reset", "keep")
-REPLAY_MODELS = ("epoch", "round")
-SERVER_FORWARDS = ("separate", "concat")
-SCHEDULES = ("authors", "even")
-ACCOUNTINGS = ("spec", "authors")
-
-# Each option's own range; ``validate`` keeps the check between them
-# (p_min <= p0 <= p_max with adaptive replay).  min_request sizes a static
-# replay buffer, hence a finite bound.
-OPTIONS = {
-    "replay": Option(str, "adaptive", ("knowledge replay: adaptive proportion (MultiSFL), "
-                                       "fixed proportion p0 (ablation Conf2), off "
-                                       "(ablation Conf1)"), REPLAY_MODES),
-    "p0": Option(float, 0.01, ("initial sampling proportion p_0 (the constant one when "
-                               "replay='fixed')"), range="[0, 1]"),
-    "p_min": Option(float, 0.01, "lower clip of the adaptive proportion",
-                    range="(0, 1]", batchable=True),
-    "p_max": Option(float, 0.5, "upper clip of the adaptive proportion",
-                    range="(0, 1]"),
-    "gamma": Option(float, 0.5, "score-vector decay, 0 < gamma < 1",
-                    range="(0, 1)", batchable=True),
-    "alpha": Option(float, 0.1, "pull-back weight of the master model (0 = none)",
-                    range="[0, inf)", batchable=True),
-    "min_request": Option(int, -1, ("smallest total replay request of a branch and round: "
-                                    "max(min_request, |D_i| p_r); -1 = the number of "
-                                    "classes L (the authors' code), 0 = none (SPEC 4.4)"),
-                          range="[-1, 1000000]"),
-    "p_rule": Option(str, "clp", ("how the adaptive proportion moves: clp = the authors' "
-                                  "critical-learning-period rule (--DB 1: doubled up to "
-                                  "p_threshold, then + p_step, while the windowed gradient "
-                                  "signal rises; else halved), relative = the authors' "
-                                  "--DB 2 (p (1 + relative change of the windowed signal), "
-                                  "floored at p_min, at p_late_min after round 10), spec = "
-                                  "SPEC 4.6 / the paper's Eq. 6 on FGN"), P_RULES),
-    "grad_signal": Option(str, "authors", ("the gradient signal clp / relative compare: "
-                                           "authors = lr * mean over epochs of the summed "
-                                           "per-step 2|g_client|^2 + |g_server|^2 (as their "
-                                           "code sums it), mean over branches; spec = "
-                                           "-FGN = lr |mean server gradient|^2"),
-                          GRAD_SIGNALS),
-    "clp_window": Option(int, 10, "rounds in each of the two windows the clp and relative "
-                         "rules compare", range="[1, 1000]"),
-    "p_threshold": Option(float, 0.2, "clp: doubling stops here; above it p grows by "
-                          "p_step", range="(0, 1]", batchable=True),
-    "p_step": Option(float, 0.01, "clp: the growth of p above p_threshold",
-                     range="[0, 1]", batchable=True),
-    "p_late_min": Option(float, 0.05, "relative: the floor of p after round 10",
-                         range="[0, 1]", batchable=True),
-    "score_update": Option(str, "authors", ("score vectors: authors = their recursion "
-                                            "w <- gamma w + 1, sv <- (gamma sv + L_i[r]) / w "
-                                            "on the normalised sv; eq2 = the paper's Eq. 2 "
-                                            "(SPEC 4.3)"), SCORE_UPDATES),
-    "request_rounding": Option(str, "authors", ("per-class quota: authors = "
-                                                "floor(floor(total) share_c); spec = "
-                                                "floor(total share_c) (SPEC 4.4)"),
-                               ROUNDINGS),
-    "assistants": Option(str, "not_self", ("who may assist a branch: not_self = every "
-                                           "client but the branch's own main client "
-                                           "(the authors' code; other main clients too), "
-                                           "inactive = only clients not training this "
-                                           "round (the paper, SPEC 4.4)"), ASSISTANTS),
-    "replay_model": Option(str, "epoch", ("the client portion that computes a branch's "
-                                          "replay features: epoch = a copy taken at the "
-                                          "start of every local epoch (the authors' code), "
-                                          "round = the round-start copy, the model "
-                                          "dispatched to assistants (equal for E = 1)"),
-                           REPLAY_MODELS),
-    "server_forward": Option(str, "separate", ("how a step's main and replay features "
-                                               "pass the server portion: separate = two "
-                                               "forwards, two BatchNorm batches, logits "
-                                               "concatenated (the authors' code); concat = "
-                                               "one forward over the concatenation (SPEC "
-                                               "4.2)"), SERVER_FORWARDS),
-    "replay_schedule": Option(str, "authors", ("how the replay list meets the main "
-                                              "batches: authors = helper batches of "
-                                              "h = ceil(Q / nb) for the first ceil(Q / h) "
-                                              "batches of every epoch, each the b-th "
-                                              "batch of a fresh shuffle of the list (a "
-                                              "sample may come twice or not at all in an "
-                                              "epoch); even = every batch gets its slice "
-                                              "of one shuffle, the same every epoch"),
-                              SCHEDULES),
-    "comm_accounting": Option(str, "spec", ("bytes of a round: spec = float32 features "
-                                            "and int32 labels as sent, replay once "
-                                            "(SPEC 1.4); authors = their count: no "
-                                            "labels, replay as the requested total x E "
-                                            "features, the model to every assistant x E"),
-                              ACCOUNTINGS),
-    "server_opt": Option(str, "reset", ("server-portion optimiser state: reset = rebuilt "
-                                        "every round like the client portion's (the "
-                                        "authors' code), keep = kept across rounds "
-                                        "(SPEC 1.3)"), SERVER_OPTS),
-}
+from jsfl.methods.registry import REPLAY_MODES, MultiSFLOptions
 
 # The options that give SPEC 4's reading where the authors' code differs
 # (the experiments README reproduces the earlier SPEC-default results with it).
@@ -240,37 +141,11 @@ SPEC_READING = {"p_rule": "spec", "score_update": "eq2", "min_request": 0,
                 "replay_schedule": "even"}
 
 
-class Options(NamedTuple):
-  """The method options of a run (``OPTIONS``), defaults filled in."""
-
-  replay: str
-  p0: float
-  p_min: float
-  p_max: float
-  gamma: float
-  alpha: float
-  min_request: int
-  p_rule: str
-  grad_signal: str
-  clp_window: int
-  p_threshold: float
-  p_step: float
-  p_late_min: float
-  score_update: str
-  request_rounding: str
-  assistants: str
-  server_opt: str
-  replay_model: str
-  server_forward: str
-  replay_schedule: str
-  comm_accounting: str
-
-
-def options(setup: Setup) -> Options:
-  """The run's :class:`Options` from ``setup.options`` (``min_request = -1``
-  resolved to the number of classes)."""
-  o = Options(*(setup.option(k, OPTIONS[k][1]) for k in Options._fields))
-  return o._replace(min_request=setup.num_classes) if o.min_request == -1 else o
+def options(setup: Setup) -> MultiSFLOptions:
+  """The run's option set, ``min_request = -1`` resolved to the number of
+  classes."""
+  o = MultiSFLOptions.of(setup)
+  return dataclasses.replace(o, min_request=setup.num_classes) if o.min_request == -1 else o
 
 
 def validate(setup: Setup) -> None:
@@ -946,4 +821,4 @@ def communication(setup: Setup, samples: int):
   return split_communication(setup, samples)
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate)
+METHOD = Method(init, round, output_model, communication, validate=validate)

@@ -38,7 +38,7 @@ the teachers run once per student on its first epoch and later epochs look
 the logits up by sample index (the teachers are frozen, so the values are
 the same; E times fewer teacher forwards).  Round 1 has no teachers (the KD terms
 are multiplied by 0), and ``num_teachers = 0`` is FedSeq.  Every option is a
-config key under ``[method]`` (see ``OPTIONS``), so the paper's ablations
+config key under ``[method]`` (see ``SFedKDOptions``), so the paper's ablations
 (teacher number, random selection, equal weights, metric) are configs.
 
 Logged per round (metrics): ``teachers`` (M,) client ids of the selected
@@ -62,45 +62,10 @@ from jax import lax
 from jsfl.engine import batching, common, parallel
 from jsfl.methods import fedseq
 from jsfl.methods.base import Method, Setup, label_rank_of, map_clients, plan_round
-from jsfl.options import Option
-
-METRICS = ("kl", "l1", "l2", "js")
-SELECTIONS = ("greedy", "random")
-WEIGHTINGS = ("discrepancy", "equal")
-TEACHER_EXECS = ("auto", "vmap", "unroll", "map")
-
-# num_teachers <= clients_per_round is ``validate``'s.  Negative KD weights
-# would push the student away from its teachers; T divides the logits; eps
-# and smooth keep (d_k + eps)^-1 and KL(pi_s || pi_k) finite when d_k = 0 or
-# a teacher lacks a class, so neither may be 0.
-OPTIONS = {
-    "num_teachers": Option(int, 5, "teachers M selected per round (0 = FedSeq)",
-                           range="[0, 1000000]"),
-    "alpha_t": Option(float, 1.0, "weight of the multi-teacher TCKD term",
-                      range="[0, inf)", batchable=True),
-    "beta_t": Option(float, 8.0, "weight of the multi-teacher NCKD term",
-                     range="[0, inf)", batchable=True),
-    "temperature": Option(float, 4.0, "distillation temperature T",
-                          range="(0, inf)", batchable=True),
-    "eps": Option(float, 0.05, "smoothing constant of the teacher weights",
-                  range="(0, inf)", batchable=True),
-    "smooth": Option(float, 1e-3, "added per class to client distributions for d_k",
-                     range="(0, inf)", batchable=True),
-    "metric": Option(str, "kl", "discrepancy d_k between student and teacher data",
-                     METRICS),
-    "selection": Option(str, "greedy", "teacher selection", SELECTIONS),
-    "selection_metric": Option(str, "kl", "distance of pi_bar to uniform in greedy "
-                               "selection", METRICS),
-    "tc_weights": Option(str, "discrepancy", "TCKD teacher weights", WEIGHTINGS),
-    "nc_weights": Option(str, "discrepancy", "NCKD teacher weights", WEIGHTINGS),
-    "teacher_exec": Option(str, "auto", ("how the teachers' forward runs: one vmapped "
-                                         "forward over the stacked teachers, or unrolled; "
-                                         "auto = unroll on CPU, vmap elsewhere"),
-                           TEACHER_EXECS),
-    "teacher_cache": Option(bool, True, ("run the teachers once per client on its first "
-                                         "epoch and look their logits up in later epochs "
-                                         "(same values, E times fewer teacher forwards)")),
-}
+from jsfl.methods.registry import KD_METRICS as METRICS
+from jsfl.methods.registry import KD_SELECTIONS as SELECTIONS
+from jsfl.methods.registry import KD_WEIGHTINGS as WEIGHTINGS
+from jsfl.methods.registry import SFedKDOptions
 
 _NEG = -1e9  # finite "minus infinity" for masked logits (no 0 * inf NaNs)
 
@@ -116,13 +81,9 @@ class State:
   round: jax.Array
 
 
-def _opt(setup: Setup, name: str):
-  return setup.option(name, OPTIONS[name][1])
-
-
 def validate(setup: Setup) -> None:
   """Checks ``num_teachers`` before anything is written (runner hook)."""
-  n, m = setup.clients_per_round, int(_opt(setup, "num_teachers"))
+  n, m = setup.clients_per_round, SFedKDOptions.of(setup).num_teachers
   if not 0 <= m <= n:
     raise ValueError(f"method.num_teachers={m}; allowed: an int in "
                      f"[0, clients_per_round={n}]")
@@ -357,21 +318,21 @@ def lookup_logits(ids, valid, logits, idx):
 # -------------------------------------------------------------------- round
 def select(setup: Setup, state: State, data, key):
   """This round's teachers: positions into the previous round's sequence."""
-  m = int(_opt(setup, "num_teachers"))
+  o = SFedKDOptions.of(setup)
   n = setup.clients_per_round
-  if _opt(setup, "selection") == "random":
-    return random_select(key, n, m)
-  if _opt(setup, "selection") != "greedy":
-    raise ValueError(f"selection={_opt(setup, 'selection')!r}; allowed: {SELECTIONS}")
-  return greedy_select(data["counts"][state.prev_clients], m,
-                       _opt(setup, "selection_metric"))
+  if o.selection == "random":
+    return random_select(key, n, o.num_teachers)
+  if o.selection != "greedy":
+    raise ValueError(f"selection={o.selection!r}; allowed: {SELECTIONS}")
+  return greedy_select(data["counts"][state.prev_clients], o.num_teachers,
+                       o.selection_metric)
 
 
 def round(setup: Setup, state: State, data, key):
   """One SFedKD round.
 
   Args:
-    setup: static run description (options in ``setup.options``).
+    setup: static run description (options: ``SFedKDOptions``).
     state: :class:`State`.
     data: device data (see ``jsfl.methods.base``), with ``counts``.
     key: this round's PRNG key.
@@ -381,7 +342,8 @@ def round(setup: Setup, state: State, data, key):
   """
   plan = plan_round(setup, data, key, state.round)
   seq = fedseq.sequence_order(setup, plan, data, state.label_rank)
-  m = int(_opt(setup, "num_teachers"))
+  o = SFedKDOptions.of(setup)
+  m = o.num_teachers
   students = plan.clients[seq]
   has_teachers = state.round > 0
   extra_metrics = {}
@@ -391,14 +353,11 @@ def round(setup: Setup, state: State, data, key):
     t_stats = jax.tree.map(lambda a: a[pos], state.prev_stats)
     w_tc, w_nc = teacher_weights(
         data["counts"][students], data["counts"][state.prev_clients[pos]],
-        metric=_opt(setup, "metric"), eps=float(_opt(setup, "eps")),
-        smooth=float(_opt(setup, "smooth")), tc=_opt(setup, "tc_weights"),
-        nc=_opt(setup, "nc_weights"))
-    alpha, beta = float(_opt(setup, "alpha_t")), float(_opt(setup, "beta_t"))
-    temp = float(_opt(setup, "temperature"))
-    t_exec = _opt(setup, "teacher_exec")
+        metric=o.metric, eps=o.eps, smooth=o.smooth, tc=o.tc_weights, nc=o.nc_weights)
+    alpha, beta, temp = o.alpha_t, o.beta_t, o.temperature
+    t_exec = o.teacher_exec
     on = has_teachers.astype(jnp.float32)
-    cache = bool(_opt(setup, "teacher_cache"))
+    cache = o.teacher_cache
 
     def aux(p, batch, client):
       wtc, wnc, cached = client.ctx
@@ -444,9 +403,9 @@ def output_model(setup: Setup, state: State):
 def communication(setup: Setup, samples: int):
   """FedSeq's traffic plus M teacher models down to every participant."""
   b = parallel.model_bytes(setup)
-  n, m = setup.clients_per_round, int(_opt(setup, "num_teachers"))
+  n, m = setup.clients_per_round, SFedKDOptions.of(setup).num_teachers
   return n * b, n * (1 + m) * b
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate,
+METHOD = Method(init, round, output_model, communication, validate=validate,
                 label_rank=label_rank_of)

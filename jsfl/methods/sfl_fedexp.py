@@ -33,17 +33,7 @@ import jax.numpy as jnp
 from jsfl.engine import common, split
 from jsfl.methods import sfl
 from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
-from jsfl.options import Option
-
-WEIGHTS = ("uniform", "samples")
-# eps > 0 keeps eta_g finite when every client returns the global model
-# (D_bar = 0); the bound is ``validate``'s.
-OPTIONS = {
-    "eps": Option(float, 1e-3, "FedExp's eps in the step-size denominator",
-                  range="(0, inf)", batchable=True),
-    "weights": Option(str, "uniform", ("client weights a_i: uniform 1/M (FedExp, SPEC 5) "
-                                       "or by sample count (SFL's)"), WEIGHTS),
-}
+from jsfl.methods.registry import FedExpOptions
 
 State = sfl.State
 init = sfl.init
@@ -51,7 +41,7 @@ output_model = sfl.output_model
 
 
 def validate(setup: Setup) -> None:
-  eps = setup.option("eps", 1e-3)
+  eps = FedExpOptions.of(setup).eps
   if not eps > 0:
     raise ValueError(f"method.eps={eps!r}; allowed: a float > 0")
 
@@ -100,10 +90,10 @@ def round(setup: Setup, state: State, data, key):
   out = split.split_round(setup, state, data, key, server=sfl.server(state),
                           serve=sfl.serve(setup), aggregate=None,
                           label_rank=state.label_rank)
-  w = (out.plan.sizes if setup.option("weights", "uniform") == "samples"
+  w = (out.plan.sizes if FedExpOptions.of(setup).weights == "samples"
        else jnp.ones_like(out.plan.sizes))
   part1, eta = fedexp_step(state.part1, out.clients.params, w,
-                           float(setup.option("eps", 1e-3)))
+                           FedExpOptions.of(setup).eps)
   new, metrics = sfl.finish(state, out._replace(
       part1=part1, part1_stats=common.weighted_mean(out.clients.stats, w)))
   metrics["eta_g"] = eta
@@ -113,5 +103,5 @@ def round(setup: Setup, state: State, data, key):
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate,
+METHOD = Method(init, round, output_model, communication, validate=validate,
                 label_rank=label_rank_of)

@@ -38,19 +38,7 @@ from flax import struct
 from jsfl.engine import common, split
 from jsfl.methods import sfl
 from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
-from jsfl.options import Option
-
-# The radius is a length (0 = SFL); acc_rate > 1 would send the "opposite"
-# half of the starts along +g too, so no mutation around w is left.  bound
-# divides t, and >= 1 is ``validate``'s bound.
-OPTIONS = {
-    "radius": Option(float, 4.0, "mutation radius a (0 = no mutation)",
-                     range="[0, inf)", batchable=True),
-    "acc_rate": Option(float, 0.3, "beta_0 of beta_t = beta_0 (1 - min(t / bound, 1))",
-                       range="[0, 1]", batchable=True),
-    "bound": Option(int, 50, "rounds after which beta_t reaches 0",
-                    range="[1, 1000000]"),
-}
+from jsfl.methods.registry import FedMutOptions
 
 # A fixed fold-in constant keeps the mutation's randomness independent of the
 # round plan drawn from the same round key.
@@ -77,14 +65,15 @@ def init(setup: Setup, key) -> State:
 
 
 def validate(setup: Setup) -> None:
-  if setup.option("bound", 50) < 1:
-    raise ValueError(f"method.bound={setup.option('bound')!r}; allowed: an int >= 1")
+  bound = FedMutOptions.of(setup).bound
+  if bound < 1:
+    raise ValueError(f"method.bound={bound!r}; allowed: an int >= 1")
 
 
 def mutation_beta(setup: Setup, t):
   """``beta_t = acc_rate (1 - min(t / bound, 1))``."""
-  rate = float(setup.option("acc_rate", 0.3))
-  bound = float(setup.option("bound", 50))
+  o = FedMutOptions.of(setup)
+  rate, bound = o.acc_rate, float(o.bound)
   return rate * (1.0 - jnp.minimum(t.astype(jnp.float32) / bound, 1.0))
 
 
@@ -105,7 +94,7 @@ def mutated_starts(setup: Setup, state: State, key):
   then the global model.
   """
   n = setup.clients_per_round
-  a = float(setup.option("radius", 4.0))
+  a = FedMutOptions.of(setup).radius
   beta = mutation_beta(setup, jnp.maximum(state.round - 1, 0))
   leaves, treedef = jax.tree.flatten(state.part1)
   prev = jax.tree.leaves(state.prev_part1)
@@ -151,5 +140,5 @@ def output_model(setup: Setup, state: State):
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, validate=validate,
+METHOD = Method(init, round, output_model, communication, validate=validate,
                 label_rank=label_rank_of)

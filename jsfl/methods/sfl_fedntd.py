@@ -45,8 +45,7 @@ import jax.numpy as jnp
 from jsfl.engine import split
 from jsfl.methods import fedntd, sfl
 from jsfl.methods.base import Method, Setup, activation_size, label_rank_of, split_communication
-
-OPTIONS = fedntd.OPTIONS
+from jsfl.methods.registry import FedNTDOptions
 
 State = sfl.State
 init = sfl.init
@@ -93,8 +92,8 @@ def round(setup: Setup, state: State, data, key):
     ``(state, metrics)``: SFL's metrics plus ``reg_loss`` (mean
     ``beta * NTD``).
   """
-  beta = float(setup.option("beta", 1.0))
-  tau = float(setup.option("tau", 1.0))
+  o = FedNTDOptions.of(setup)
+  beta, tau = o.beta, o.tau
   teacher = (state.part1 + state.part2, state.part1_stats + state.part2_stats)
   start = sfl.server(state)
   out = split.split_round(
@@ -112,4 +111,4 @@ def communication(setup: Setup, samples: int):
   return up + samples * activation_size(setup.model, setup.cut) * 4, down
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)

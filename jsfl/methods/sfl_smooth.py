@@ -16,9 +16,8 @@ import optax
 from jsfl.engine import split
 from jsfl.methods import sfl
 from jsfl.methods.base import Method, label_rank_of, split_communication
-from jsfl.options import Option
+from jsfl.methods.registry import SmoothOptions
 
-OPTIONS = {"smoothing": Option(float, 0.1, "label smoothing eps", range="[0, 1)", batchable=True)}
 State, init, output_model = sfl.State, sfl.init, sfl.output_model
 communication = split_communication
 
@@ -34,10 +33,10 @@ def smoothed_cross_entropy(eps: float, num_classes: int):
 
 
 def round(setup, state, data, key):
-  loss = smoothed_cross_entropy(setup.option("smoothing", 0.1), setup.num_classes)
+  loss = smoothed_cross_entropy(SmoothOptions.of(setup).smoothing, setup.num_classes)
   out = split.split_round(setup, state, data, key, server=sfl.server(state),
                           serve=sfl.serve(setup, loss), label_rank=state.label_rank)
   return sfl.finish(state, out)
 
 
-METHOD = Method(init, round, output_model, communication, options=OPTIONS, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)
