@@ -54,15 +54,12 @@ import time
 import jax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
-import interleave  # benchmarks/ is not a package: sibling modules
+import interleave  # benchmarks/ is not a package: sibling modules (script dir on sys.path)
 import throughput
 
-from jsfl import runner
+from jsfl import config, runner
 from jsfl.engine import sharding
 from jsfl.methods import base, sfl
-from jsfl.models import get_model
 
 COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute",
                "reduce-scatter")
@@ -99,11 +96,14 @@ def worker(args, point: dict) -> None:
   """Builds and compiles one point, then answers ``time`` / ``stats`` / ``quit``."""
   clients, seeds, n_dev = point["clients"], point["seeds"], point["devices"]
   n_per = args.steps * args.batch
-  model = get_model(args.model, (32, 32, 3), 10, **model_options(args))
-  setup = base.Setup(model=model, num_clients=clients, clients_per_round=clients,
-                     max_size=n_per, batch_size=args.batch, cut=model.default_cut,
-                     order="random", lr=args.lr, momentum=args.momentum,
-                     weight_decay=args.weight_decay, client_exec=args.client_exec)
+  cfg = config.resolve({
+      "model": {"name": args.model, **model_options(args)},
+      "partition": {"num_clients": clients},
+      "method": {"name": "sfl", "batch_size": args.batch},
+      "optim": {"lr": args.lr, "momentum": args.momentum, "weight_decay": args.weight_decay},
+      "exec": {"client_exec": args.client_exec}})
+  model, cut = runner.build_model(cfg, (32, 32, 3), 10)
+  setup = runner.make_setup(cfg, model, cut, n_per)
   shared, per_seed = throughput.workload(args, clients, seeds)
   how = point["seed_exec"]
 

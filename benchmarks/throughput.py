@@ -31,19 +31,17 @@ import os
 import platform
 import socket
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jsfl import runner
+from jsfl import config, runner
 from jsfl.data import load_dataset
 from jsfl.engine import batching, common, split
-from jsfl.methods import base, sfl
-from jsfl.models import get_model, layers
+from jsfl.methods import sfl
+from jsfl.models import layers
 
 
 def _block(x):
@@ -77,12 +75,15 @@ def workload(args, clients, seeds):
 
 
 def make_setup(args, clients, client_exec="vmap", conv_impl=None, depthwise_impl=None):
-  model = get_model(args.model, (32, 32, 3), 10, width=args.width,
-                    conv_impl=conv_impl or layers.default_conv_impl(),
-                    depthwise_impl=depthwise_impl or layers.default_depthwise_impl())
-  return base.Setup(model=model, num_clients=clients, clients_per_round=clients,
-                    max_size=args.steps * args.batch, batch_size=args.batch, cut=args.cut,
-                    order="random", lr=0.01, client_exec=client_exec)
+  """SFL on the workload, set up from a config as ``jsfl run`` sets it up."""
+  cfg = config.resolve({
+      "model": {"name": args.model, "width": args.width, "cut": args.cut,
+                "conv_impl": conv_impl or "auto", "depthwise_impl": depthwise_impl or "auto"},
+      "partition": {"num_clients": clients},
+      "method": {"name": "sfl", "batch_size": args.batch},
+      "optim": {"lr": 0.01}, "exec": {"client_exec": client_exec}})
+  model, cut = runner.build_model(cfg, (32, 32, 3), 10)
+  return runner.make_setup(cfg, model, cut, args.steps * args.batch)
 
 
 def bench_jsfl(args, clients, seeds, seed_exec="vmap", **setup_kw):

@@ -63,11 +63,9 @@ import numpy as np
 import optax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
-import interleave  # benchmarks/ is not a package: a sibling module
+import interleave  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
-from jsfl import runner
+from jsfl import config, runner
 from jsfl.data import load_dataset
 from jsfl.engine import common
 from jsfl.methods import base, hydra
@@ -83,15 +81,19 @@ TORCH_NOTE = ("torch loop: eager PyTorch, one Python call per client batch, seed
 
 
 # ------------------------------------------------------------------ worker
-def make_setup(args, method: str, model: str, **model_kw) -> base.Setup:
-  """jsfl's static run description of the workload."""
-  options = (("replay", "off"),) if method == "multisfl" else ()
-  m = get_model(model, (32, 32, 3), 10, width=args.width, **model_kw)
-  return base.Setup(model=m, num_clients=args.clients, clients_per_round=args.clients,
-                    max_size=args.steps * args.batch, batch_size=args.batch,
-                    cut=m.default_cut, order="random", lr=args.lr,
-                    momentum=args.momentum, weight_decay=args.weight_decay,
-                    client_exec=args.client_exec, options=options)
+def make_setup(args, method: str, model: str) -> base.Setup:
+  """jsfl's static run description of the workload, from a config as
+  ``jsfl run`` builds it."""
+  cfg = config.resolve({
+      "model": {"name": model, "width": args.width},
+      "partition": {"num_clients": args.clients},
+      "method": {"name": method, "batch_size": args.batch,
+                 **({"replay": "off"} if method == "multisfl" else {})},
+      "optim": {"lr": args.lr, "momentum": args.momentum,
+                "weight_decay": args.weight_decay},
+      "exec": {"client_exec": args.client_exec}})
+  m, cut = runner.build_model(cfg, (32, 32, 3), 10)
+  return runner.make_setup(cfg, m, cut, args.steps * args.batch)
 
 
 def jsfl_round(args, method: str, model: str, data_path: str, seeds: int):

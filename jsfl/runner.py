@@ -29,6 +29,7 @@ from jsfl.engine import sharding
 from jsfl.errors import Diverged, RunDirError
 from jsfl.evaluate import chunk_test_set, evaluate, evaluate_logits
 from jsfl.methods.base import Setup, get_method
+from jsfl.methods.registry import METHODS
 from jsfl.models import get_model, layers
 from jsfl.partitions import dominant_labels, index_table, label_counts, make_partition
 
@@ -61,36 +62,15 @@ def prepare(cfg: dict) -> Experiment:
   Raises:
     ConfigError: for any invalid option (nothing has been written yet).
   """
-  ds_cfg, p_cfg, m_cfg, me_cfg, o_cfg, x_cfg = (
-      cfg[k] for k in ("dataset", "partition", "model", "method", "optim", "exec"))
+  ds_cfg, p_cfg, x_cfg = cfg["dataset"], cfg["partition"], cfg["exec"]
   try:
     dataset = load_dataset(ds_cfg["name"], data_dir=ds_cfg["data_dir"] or None,
                            download=ds_cfg["download"],
                            **config_lib.extra_options(cfg, "dataset"))
   except (ValueError, TypeError) as e:
     raise _options_error("dataset", e) from None
-  model_opts = config_lib.extra_options(cfg, "model")
-  if m_cfg["norm"]:
-    model_opts["norm"] = m_cfg["norm"]
-  model_opts["conv_impl"] = (layers.default_conv_impl() if m_cfg["conv_impl"] == "auto"
-                             else m_cfg["conv_impl"])
-  model_opts["depthwise_impl"] = (layers.default_depthwise_impl()
-                                  if m_cfg["depthwise_impl"] == "auto"
-                                  else m_cfg["depthwise_impl"])
-  try:
-    model = get_model(m_cfg["name"], dataset.input_shape, dataset.num_classes,
-                      **model_opts)
-  except TypeError as e:
-    raise config_lib.ConfigError(_model_options_error(m_cfg["name"], model_opts, e)) from None
-  except ValueError as e:
-    raise _options_error("model", e) from None
-  cut = model.default_cut if m_cfg["cut"] == -1 else m_cfg["cut"]
-  try:
-    model.check_cut(cut, "model.cut")
-  except ValueError as e:
-    raise config_lib.ConfigError(str(e)) from None
-  method = get_method(me_cfg["name"])
-  method_opts = config_lib.extra_options(cfg, "method")  # checked by load_config
+  model, cut = build_model(cfg, dataset.input_shape, dataset.num_classes)
+  method = get_method(cfg["method"]["name"])
 
   K = p_cfg["num_clients"]
   seeds = [cfg["run"]["seed"] + s for s in range(cfg["run"]["seeds"])]
@@ -110,19 +90,10 @@ def prepare(cfg: dict) -> Experiment:
     tables.append(table)
   max_n = max(t.shape[1] for t in tables)
   tables = np.stack([np.pad(t, ((0, 0), (0, max_n - t.shape[1]))) for t in tables])
-  n = me_cfg["clients_per_round"] or K
-  setup = Setup(
-      model=model, num_clients=K, clients_per_round=n, max_size=max_n,
-      batch_size=me_cfg["batch_size"], local_epochs=me_cfg["local_epochs"],
-      cut=cut, order=me_cfg["order"], lr=o_cfg["lr"], lr_decay=o_cfg["lr_decay"],
-      lr_min=o_cfg["lr_min"], momentum=o_cfg["momentum"],
-      weight_decay=o_cfg["weight_decay"],
-      client_exec=(default_client_exec(n) if x_cfg["client_exec"] == "auto"
-                   else x_cfg["client_exec"]),
-      server_unroll=x_cfg["server_unroll"],
-      options=tuple(sorted(method_opts.items())))
+  setup = make_setup(cfg, model, cut, max_n)
   try:
-    sharding.mesh_shape(x_cfg["mesh"], jax.device_count(), len(seeds), n)
+    sharding.mesh_shape(x_cfg["mesh"], jax.device_count(), len(seeds),
+                        setup.clients_per_round)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from None
   if method.validate is not None:  # method checks needing the model or sizes
@@ -139,6 +110,57 @@ def prepare(cfg: dict) -> Experiment:
           "counts": jnp.asarray(np.stack([p["label_counts"] for p in parts_per_seed])
                                 .astype(np.int32))}
   return Experiment(cfg, setup, method, dataset, seeds, parts_per_seed, data)
+
+
+def build_model(cfg: dict, input_shape, num_classes: int):
+  """The config's model for inputs of ``input_shape`` and its cut
+  (``model.cut = -1`` resolved to the model's default).
+
+  Raises:
+    ConfigError: for a model option the model does not take or allow.
+  """
+  m_cfg = cfg["model"]
+  model_opts = config_lib.extra_options(cfg, "model")
+  if m_cfg["norm"]:
+    model_opts["norm"] = m_cfg["norm"]
+  model_opts["conv_impl"] = (layers.default_conv_impl() if m_cfg["conv_impl"] == "auto"
+                             else m_cfg["conv_impl"])
+  model_opts["depthwise_impl"] = (layers.default_depthwise_impl()
+                                  if m_cfg["depthwise_impl"] == "auto"
+                                  else m_cfg["depthwise_impl"])
+  try:
+    model = get_model(m_cfg["name"], input_shape, num_classes, **model_opts)
+  except TypeError as e:
+    raise config_lib.ConfigError(_model_options_error(m_cfg["name"], model_opts, e)) from None
+  except ValueError as e:
+    raise _options_error("model", e) from None
+  cut = model.default_cut if m_cfg["cut"] == -1 else m_cfg["cut"]
+  try:
+    model.check_cut(cut, "model.cut")
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from None
+  return model, cut
+
+
+def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
+  """The run's static :class:`Setup` from a checked config: the method and
+  optimiser keys, the method's option set, ``exec.client_exec = auto``
+  resolved for this backend.  ``max_size`` is the widest client row of the
+  index table."""
+  me_cfg, o_cfg, x_cfg = cfg["method"], cfg["optim"], cfg["exec"]
+  K = cfg["partition"]["num_clients"]
+  n = me_cfg["clients_per_round"] or K
+  method_opts = config_lib.extra_options(cfg, "method")
+  return Setup(
+      model=model, num_clients=K, clients_per_round=n, max_size=max_size,
+      batch_size=me_cfg["batch_size"], local_epochs=me_cfg["local_epochs"],
+      cut=cut, order=me_cfg["order"], lr=o_cfg["lr"], lr_decay=o_cfg["lr_decay"],
+      lr_min=o_cfg["lr_min"], momentum=o_cfg["momentum"],
+      weight_decay=o_cfg["weight_decay"],
+      client_exec=(default_client_exec(n) if x_cfg["client_exec"] == "auto"
+                   else x_cfg["client_exec"]),
+      server_unroll=x_cfg["server_unroll"],
+      options=METHODS[me_cfg["name"]].options(**method_opts))
 
 
 def _model_options_error(name: str, given: dict, err: Exception) -> str:

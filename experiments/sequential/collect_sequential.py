@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from jsfl.rundir import read_metrics, write_json_atomic
 
 METHODS = ("fedavg", "fedprox", "fedcurv", "fedntd", "fedseq", "cwc", "sfedkd")

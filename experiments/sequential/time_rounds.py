@@ -11,14 +11,11 @@ unless ``run.seeds`` is overridden), runs one round to compile, then times
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from jsfl import config as config_lib
 from jsfl import runner
 
