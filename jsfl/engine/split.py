@@ -162,36 +162,94 @@ def merged(one: Callable) -> Callable:
   return serve
 
 
-def parallel(one: Callable, client_exec: str = "vmap") -> Callable:
-  """A server carry per participant (leading axis n), served side by side."""
-  def one_or_idle(srv, act, y, mask, k):
-    return (one if client_exec == "vmap" else skip_idle(one, mask))(srv, act, y, mask, k)
+class PerParticipant(NamedTuple):
+  """A server rule with a server carry per participant (leading axis n),
+  served side by side (SplitFedV1/V3's part-2 copies, MultiSFL's branches).
 
-  def serve(server, acts, y, mask, order):
-    k = jnp.arange(acts.shape[0])
-    server, g, lsums = map_clients(one_or_idle, client_exec, server, acts, y, mask, k)
-    return server, g, jnp.sum(lsums)
-  return serve
+  The participants are independent within a step, so the split round runs
+  each one's whole step in one piece (:func:`participant_steps`): part-1
+  forward, ``one``, part-1 backward and both updates, and with looped
+  clients skips the piece outright for a participant without a batch.
+
+  ``one(server_k, act, y, mask, inputs_k) -> (server_k, g_act, loss_sum)``
+  serves participant k; ``inputs`` is a pytree with a leading participant
+  axis whose slices reach ``one`` (None: the participant's position).
+  ``client_grads(server_k, g1_k, active) -> server_k`` lets the server carry
+  see the participant's part-1 gradient (MultiSFL's gradient signal).
+  """
+
+  one: Callable
+  inputs: Any = None
+  client_grads: Callable | None = None
+
+
+def parallel(one: Callable, inputs=None, client_grads: Callable | None = None
+             ) -> PerParticipant:
+  """A server carry per participant, served side by side (see
+  :class:`PerParticipant`)."""
+  return PerParticipant(one, inputs, client_grads)
 
 
 # ---------------------------------------------------------------- the round
 class Step(NamedTuple):
   """One batch step's inputs, for server rules that need more than the
-  activations (FedNTD's teacher sees the raw inputs)."""
+  activations (FedNTD's teacher sees the raw inputs; MultiSFL's replay reads
+  its per-step shares and the client portions)."""
 
   x: jax.Array      # (n, B, ...) normalised inputs
   y: jax.Array      # (n, B) labels
   idx: jax.Array    # (n, B) sample indices
   mask: jax.Array   # (n, B)
+  extra: Any = None     # this step's slice of ``split_round``'s ``step_inputs``
+  clients: Any = None   # the client portions before the step (a Portion)
 
 
-def batch_step(setup, tx, clients: Portion, server, step: Step, order, serve):
-  """One batch step: part-1 forward of all clients, the server rule, part-1
-  backward and a gated step of every client that had a batch.
+def participant_steps(setup, tx, clients: Portion, server, step: Step,
+                      rule: PerParticipant):
+  """One batch step under a :class:`PerParticipant` rule: every participant's
+  forward, server update, backward and gated client step in one piece,
+  mapped over the participants (``client_exec``); with looped clients a
+  participant without a batch skips its piece (``lax.cond``), which is what
+  makes the padded steps of small Dirichlet clients free on the CPU.
 
   Returns:
     ``(clients, server, loss_sum)``.
   """
+  n = step.mask.shape[0]
+  inputs = jnp.arange(n) if rule.inputs is None else rule.inputs
+
+  def piece(client: Portion, srv, x, y, m, k):
+    active = jnp.any(m)
+    act, vjp_fn, ns = jax.vjp(
+        lambda p: setup.model.apply(p, client.stats, x, train=True, mask=m),
+        client.params, has_aux=True)
+    srv, g_a, lsum = rule.one(srv, act, y, m, k)
+    (g1,) = vjp_fn(g_a)
+    if rule.client_grads is not None:
+      srv = rule.client_grads(srv, g1, active)
+    return client.step(tx, g1, ns, active), srv, lsum
+
+  def piece_or_idle(client, srv, x, y, m, k):
+    if setup.client_exec == "vmap":
+      return piece(client, srv, x, y, m, k)
+    idle = lambda: (client, srv, jnp.zeros((), jnp.float32))
+    return lax.cond(jnp.any(m), lambda: piece(client, srv, x, y, m, k), idle)
+
+  clients, server, lsums = map_clients(piece_or_idle, setup.client_exec, clients, server,
+                                       step.x, step.y, step.mask, inputs)
+  return clients, server, jnp.sum(lsums)
+
+
+def batch_step(setup, tx, clients: Portion, server, step: Step, order, serve):
+  """One batch step: part-1 forward of all clients, the server rule, part-1
+  backward and a gated step of every client that had a batch
+  (:func:`participant_steps` for a :class:`PerParticipant` rule).
+
+  Returns:
+    ``(clients, server, loss_sum)``.
+  """
+  if isinstance(serve, PerParticipant):
+    return participant_steps(setup, tx, clients, server, step, serve)
   has = jnp.any(step.mask, axis=1)
 
   def part1(pp, s, xx, m):
@@ -239,7 +297,7 @@ def uniform(clients: Portion, plan):
 def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
                 starts: Callable | None = None,
                 aggregate: Callable | None = sample_weighted,
-                label_rank=None) -> SplitRound:
+                label_rank=None, plan=None, step_inputs=None) -> SplitRound:
   """One round of a split method.
 
   Args:
@@ -249,9 +307,10 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
     data: device data.
     key: the round's PRNG key.
     server: ``plan -> server carry`` at the start of the round.
-    serve: ``(plan, step) -> serve function`` of a batch step (a server rule
-      from :func:`sequential`, :func:`merged` or :func:`parallel`, or any
-      function of that signature).
+    serve: ``(plan, step) -> server rule`` of a batch step: from
+      :func:`sequential` or :func:`merged`, or any function of their
+      signature ``(server, acts, y, mask, order) -> (server, g_acts,
+      loss_sum)``; or a :class:`PerParticipant` from :func:`parallel`.
     starts: ``plan -> Portion`` of the participants' starting client
       portions (leading axis n); None broadcasts the global part-1 with
       fresh optimiser states.
@@ -259,11 +318,17 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
       trained portions unaggregated (``SplitRound.clients`` holds them).
     label_rank: the run's label cycle, for the cyclic processing orders;
       None serves participants in ascending id order every step.
+    plan: the round's ``base.RoundPlan`` when the method draws it itself
+      (MultiSFL assigns participants to branches); None draws it from
+      ``key``.
+    step_inputs: a pytree with a leading batch-step axis; each step's slice
+      reaches the server rule as ``Step.extra`` (MultiSFL's replay shares).
 
   Returns:
     :class:`SplitRound`.
   """
-  plan = plan_round(setup, data, key, state.round)
+  if plan is None:
+    plan = plan_round(setup, data, key, state.round)
   n, num_steps = setup.clients_per_round, plan.idx.shape[0]
   if label_rank is None:
     orders = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (num_steps, n))
@@ -277,15 +342,15 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
     clients = starts(plan)
 
   def one_step(carry, batch):
-    idx, mask, order = batch
+    idx, mask, order, extra = batch
     x, y = batching.gather(data, idx)
-    step = Step(x, y, idx, mask)
+    step = Step(x, y, idx, mask, extra, carry[0])
     clients, srv, lsum = batch_step(setup, plan.tx, *carry, step, order,
                                     serve(plan, step))
     return (clients, srv), lsum
 
   (clients, srv), lsums = common.scan_live(
-      one_step, (clients, server(plan)), (plan.idx, plan.mask, orders),
+      one_step, (clients, server(plan)), (plan.idx, plan.mask, orders, step_inputs),
       common.live_steps(plan.mask))
   part1, stats1 = aggregate(clients, plan) if aggregate else (None, None)
   return SplitRound(plan, orders, clients, part1, stats1, srv, lsums)

@@ -25,8 +25,11 @@ axis.  One round (one jitted program, no host round trip):
    sample pool (one sort of the index table per round), into a fixed-size
    replay list (``replay_sizes``) with a validity mask.
 4. Local training: E epochs of split SGD of every branch on its main client's
-   batches, all branches in one program (``map_clients`` over the branch
-   axis, ``setup.client_exec``).  The replay list is spread evenly over the
+   batches, all branches in one program: the split round of
+   ``jsfl.engine.split`` with the branches' client portions as its
+   participants and :func:`serve` as its server rule (every branch's server
+   portion on its own main client's features plus replay, side by side over
+   the branch axis, ``setup.client_exec``).  The replay list is spread evenly over the
    main client's batches of an epoch (:func:`step_shares`); the server batch
    of a step is the main client's features plus that step's replay share,
    computed by the frozen round-start copy of ``wc_i``; the loss is the
@@ -124,9 +127,9 @@ from jsfl.engine import batching, common, split
 from jsfl.methods.base import (
   LABEL_BYTES,
   Method,
+  RoundPlan,
   Setup,
   activation_size,
-  map_clients,
   plan_round,
   portion_bytes,
   split_communication,
@@ -587,73 +590,84 @@ def decide(setup: Setup, state: State, data, key) -> Decisions:
                    ridx, rmask, served, plan.lr)
 
 
-def branch_step(setup: Setup, tx, data, p1, s1, o1, p2, s2, o2, gsum, sqsum, f1, fs1,
-                idx, mask, ridx, rmask):
-  """One split step of one branch with its replay share (Algorithm 1, lines
-  18-20).
+class Branches(NamedTuple):
+  """The server carry of a MultiSFL round (every leaf with a leading branch
+  axis n)."""
+
+  server: split.Portion  # the server portions ws_i
+  gsum: tuple            # running sum of ws_i's loss gradients (FGN)
+  sqsum: jax.Array       # (n,) running sum of 2|g_client|^2 + |g_server|^2 (the
+                         # authors' signal counts the client portion twice: their
+                         # running total is not reset between the two portions)
+  replay_model: tuple    # (params, stats) the wc_i copy computing replay features
+
+
+def branch_server(setup: Setup, tx, data, carry, act, y, mask, share):
+  """The server side of one split step of one branch with its replay share
+  (Algorithm 1, lines 18-20).
 
   Args:
     setup, tx, data: as for every method.
-    p1, s1, o1: the branch's client portion, BN statistics, optimiser state.
-    p2, s2, o2: its server portion, BN statistics, optimiser state.
-    gsum: running sum of the server-portion loss gradients (for FGN).
-    sqsum: running sum of ``2|g_client|^2 + |g_server|^2`` (the authors'
-      signal counts the client portion twice: their running total is not
-      reset between the two portions).
-    f1, fs1: the frozen round-start client portion (replay features).
-    idx, mask: ``(B,)`` the main client's batch.
-    ridx, rmask: ``(R,)`` this step's replay share.
+    carry: the branch's :class:`Branches` slice.
+    act, y, mask: ``(B, ...)`` the main client's cut-layer features, labels
+      and mask.
+    share: ``(ridx, rmask)``, ``(R,)`` this step's replay share.
 
   Returns:
-    ``(p1, s1, o1, p2, s2, o2, gsum, sqsum, loss_sum, samples)``; a no-op on
-    an empty main batch.
+    ``(carry, gradient w.r.t. act, loss sum)``; a no-op on an empty main
+    batch.
   """
-  x, y = batching.gather(data, idx)
+  server, (f1, fs1) = carry.server, carry.replay_model
+  ridx, rmask = share
   active = jnp.any(mask)
-  act, vjp_fn, ns1 = jax.vjp(
-      lambda p: setup.model.apply(p, s1, x, train=True, mask=mask), p1,
-      has_aux=True)
   if ridx.shape[0]:
     xr, yr = batching.gather(data, ridx)
     ract = lax.stop_gradient(setup.model.apply(f1, fs1, xr, train=True, mask=rmask)[0])
-    y_all, m_all = jnp.concatenate([y, yr]), jnp.concatenate([mask, rmask])
+    m_all = jnp.concatenate([mask, rmask])
     if options(setup).server_forward == "separate":
-      loss, ns2, g2, g_a = separate_server_grads(setup, p2, s2, act, y, mask, ract, yr,
-                                                 rmask)
+      loss, ns2, g2, g_a = separate_server_grads(setup, server.params, server.stats, act, y,
+                                                 mask, ract, yr, rmask)
     else:
       loss, _, ns2, g2, g_a = split.server_grads(
-          setup, p2, s2, jnp.concatenate([act, ract]), y_all, m_all)
+          setup, server.params, server.stats, jnp.concatenate([act, ract]),
+          jnp.concatenate([y, yr]), m_all)
   else:
     m_all = mask
-    loss, _, ns2, g2, g_a = split.server_grads(setup, p2, s2, act, y, mask)
-  (g1,) = vjp_fn(g_a[:act.shape[0]])
-  c1 = split.Portion(p1, s1, o1).step(tx, g1, ns1, active)
-  c2 = split.Portion(p2, s2, o2).step(tx, g2, ns2, active)
-  (p1, s1, o1), (p2, s2, o2) = (c1.params, c1.stats, c1.opt), (c2.params, c2.stats, c2.opt)
-  gsum = jax.tree.map(lambda a, g: a + jnp.where(active, g, 0.0), gsum, g2)
-  sqsum = sqsum + jnp.where(active, 2.0 * sq_norm(g1) + sq_norm(g2), 0.0)
+    loss, _, ns2, g2, g_a = split.server_grads(setup, server.params, server.stats, act, y,
+                                               mask)
+  carry = carry._replace(
+      server=server.step(tx, g2, ns2, active),
+      gsum=jax.tree.map(lambda a, g: a + jnp.where(active, g, 0.0), carry.gsum, g2),
+      sqsum=carry.sqsum + jnp.where(active, sq_norm(g2), 0.0))
   count = jnp.where(active, jnp.sum(m_all), 0)
-  return p1, s1, o1, p2, s2, o2, gsum, sqsum, loss * count, count
+  return carry, g_a[:act.shape[0]], loss * count
 
 
-def idle_or_step(setup: Setup, tx, data, *args):
-  """:func:`branch_step`, skipped outright for a branch whose main client has
-  no batch at this step.
+def serve(setup: Setup, data):
+  """MultiSFL's server rule: a server portion per branch (``split.parallel``),
+  each fed its own main client's features and its replay share; the replay
+  model is refreshed from the branch's client portion at an epoch's first
+  step (``replay_model = "epoch"``)."""
+  def make(plan, step: split.Step):
+    t, ridx, rmask = step.extra
+    t_ep = plan.idx.shape[0] // setup.local_epochs   # steps of one local epoch
+    epoch_start = t % t_ep == 0
 
-  A round's step axis is as long as its largest participant's local data,
-  so under Dirichlet partitions most branches sit out many steps.  With the
-  clients looped (``client_exec`` ``map`` / ``unroll``) the ``lax.cond``
-  runs only the taken branch, so those steps cost nothing; under ``vmap``
-  it becomes a select and both sides run.  Both sides give the same values:
-  :func:`branch_step` changes nothing on an empty main batch.
-  """
-  if setup.client_exec == "vmap":
-    return branch_step(setup, tx, data, *args)
-  p1, s1, o1, p2, s2, o2, gsum, sqsum = args[:8]
-  mask = args[11]
-  idle = lambda: (p1, s1, o1, p2, s2, o2, gsum, sqsum, jnp.zeros((), jnp.float32),
-                  jnp.zeros((), jnp.int32))
-  return lax.cond(jnp.any(mask), lambda: branch_step(setup, tx, data, *args), idle)
+    def one(br: Branches, act, y, mask, inputs):
+      share, client = inputs[:2], inputs[2:]
+      if options(setup).replay_model == "epoch":  # a fresh copy of wc_i every epoch
+        br = br._replace(replay_model=jax.tree.map(
+            lambda new, old: jnp.where(epoch_start, new, old), client, br.replay_model))
+      return branch_server(setup, plan.tx, data, br, act, y, mask, share)
+
+    return split.parallel(one, (ridx, rmask, step.clients.params, step.clients.stats),
+                          client_signal)
+  return make
+
+
+def client_signal(br: Branches, g1, active) -> Branches:
+  """Adds the branch's ``2|g_client|^2`` to its gradient signal."""
+  return br._replace(sqsum=br.sqsum + jnp.where(active, 2.0 * sq_norm(g1), 0.0))
 
 
 def separate_server_grads(setup: Setup, p2, s2, act, y, mask, ract, yr, rmask):
@@ -720,37 +734,28 @@ def round(setup: Setup, state: State, data, key):
   """
   o = options(setup)
   d = decide(setup, state, data, key)
-  tx = common.make_optimizer(setup.momentum, setup.weight_decay)
-  part1, stats1 = state.part1, state.part1_stats
-  with_lr = jax.vmap(lambda s: common.with_lr(s, d.lr))
-  server_opt = (state.server_opt if o.server_opt == "keep"
-                else jax.vmap(tx.init)(state.part2))
+  n, T = setup.clients_per_round, d.idx.shape[0]
+  plan = RoundPlan(d.clients, d.sizes, d.idx, d.mask, key,
+                   common.make_optimizer(setup.momentum, setup.weight_decay), d.lr)
   # Client-portion optimiser states are rebuilt every round; the server's per
   # ``server_opt``.
-  n = setup.clients_per_round
-  carry = (part1, stats1, with_lr(jax.vmap(tx.init)(part1)), state.part2,
-           state.part2_stats, with_lr(server_opt),
-           jax.tree.map(jnp.zeros_like, state.part2), jnp.zeros((n,), jnp.float32))
-
-  T = d.idx.shape[0]
-  t_ep = T // setup.local_epochs
-
-  def step(carry, batch):
-    carry, (f1, fs1) = carry[:8], carry[8:]
-    *batch, t = batch
-    if o.replay_model == "epoch":  # a fresh copy of every branch's wc_i per epoch
-      fresh = t % t_ep == 0
-      f1, fs1 = jax.tree.map(lambda new, old: jnp.where(fresh, new, old),
-                             (carry[0], carry[1]), (f1, fs1))
-    out = map_clients(lambda *a: idle_or_step(setup, tx, data, *a), setup.client_exec,
-                      *carry, f1, fs1, *batch)
-    return (*out[:8], f1, fs1), (jnp.sum(out[8]), jnp.sum(out[9]))
-
-  carry, (lsums, counts) = common.scan_live(
-      step, (*carry, part1, stats1), (d.idx, d.mask, d.ridx, d.rmask, jnp.arange(T)),
-      common.live_steps(d.mask, d.rmask))
-  p1, s1, _, p2, s2, opt2, gsum, sqsum = carry[:8]
-  steps = jnp.sum(jnp.any(d.mask, axis=2), axis=0)            # (n,)
+  server_opt = (state.server_opt if o.server_opt == "keep"
+                else jax.vmap(plan.tx.init)(state.part2))
+  start = Branches(
+      split.Portion(state.part2, state.part2_stats,
+                    jax.vmap(lambda s: common.with_lr(s, d.lr))(server_opt)),
+      jax.tree.map(jnp.zeros_like, state.part2), jnp.zeros((n,), jnp.float32),
+      (state.part1, state.part1_stats))
+  out = split.split_round(
+      setup, state, data, key, plan=plan, server=lambda _: start, serve=serve(setup, data),
+      starts=lambda _: split.fresh_stack(plan, state.part1, state.part1_stats),
+      aggregate=None, step_inputs=(jnp.arange(T), d.ridx, d.rmask))
+  p1, s1 = out.clients.params, out.clients.stats
+  p2, s2, opt2 = out.server.server.params, out.server.server.stats, out.server.server.opt
+  gsum, sqsum = out.server.gsum, out.server.sqsum
+  active = jnp.any(d.mask, axis=2)                             # (T, n)
+  counts = jnp.where(active, jnp.sum(d.mask, axis=2) + jnp.sum(d.rmask, axis=2), 0)
+  steps = jnp.sum(active, axis=0)                              # (n,)
   fgn_now = fgn(gsum, steps, d.lr)
   g_now = (signal(sqsum, d.lr, setup.local_epochs) if o.grad_signal == "authors"
            else -fgn_now)
@@ -778,7 +783,7 @@ def round(setup: Setup, state: State, data, key):
     up, down = authors_round_bytes(setup, samples, d.sizes, state.p, jnp.sum(assistants))
   else:
     up, down = round_bytes(setup, samples, jnp.sum(d.served), jnp.sum(assistants))
-  metrics = {"loss": jnp.sum(lsums) / jnp.maximum(jnp.sum(counts), 1),
+  metrics = {"loss": jnp.sum(out.loss_sums) / jnp.maximum(jnp.sum(counts), 1),
              "samples": samples, "clients": d.clients,
              "p": state.p, "p_next": p_next, "fgn": fgn_now, "grad_signal": g_now,
              "replay_requested": d.quota, "replay_served": d.served,

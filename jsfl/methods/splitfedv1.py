@@ -52,7 +52,7 @@ def serve(setup: Setup):
     def one(srv, act, y, mask, _):
       srv, g_a, lsum, _ = split.server_update(setup, plan.tx, srv, act, y, mask)
       return srv, g_a, lsum
-    return split.parallel(one, setup.client_exec)
+    return split.parallel(one)
   return make
 
 
