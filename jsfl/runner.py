@@ -487,7 +487,7 @@ def _train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: boo
       state, m = rnd(state, seed_data, round_keys(seed_keys, r), shared)
       m = jax.device_get(m)
       wall = time.perf_counter() - t0
-      traffic = t.add_traffic(exp, m)
+      traffic = t.add_traffic(m)
       stopping = t.note_divergence(cfg, m, r, bar.enabled)
       acc = None
       if (r + 1) % every == 0 or r + 1 == R or stopping:
@@ -552,9 +552,10 @@ class _Tally:
                      for rec in self.records if rec["seed"] == s] for s in self.seeds]
     return state
 
-  def add_traffic(self, exp, m):
-    """Per seed (up, down, cumulative up, cumulative down) bytes of the round."""
-    ups, downs = _round_bytes(exp, m)
+  def add_traffic(self, m):
+    """Per seed (up, down, cumulative up, cumulative down) bytes of the round
+    (every ``METHOD.round`` returns its own)."""
+    ups, downs = tuple(map(float, m["bytes_up"])), tuple(map(float, m["bytes_down"]))
     self.cum_up += np.asarray(ups)
     self.cum_down += np.asarray(downs)
     return [(ups[i], downs[i], self.cum_up[i], self.cum_down[i])
@@ -590,13 +591,6 @@ class _Tally:
 
 def _warn(msg: str) -> None:
   print(f"jsfl: warning: {msg}", file=sys.stderr, flush=True)
-
-
-def _round_bytes(exp: Experiment, m: dict):
-  """Per seed (bytes up, bytes down) of the round."""
-  if "bytes_up" in m:  # the round's own count (e.g. MultiSFL's replay)
-    return tuple(map(float, m["bytes_up"])), tuple(map(float, m["bytes_down"]))
-  return tuple(zip(*(exp.method.communication(exp.setup, int(s)) for s in m["samples"])))
 
 
 def _diverged(cfg: dict, out: str, diverged: dict[int, int], at: int, R: int) -> Diverged:

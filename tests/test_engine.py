@@ -84,6 +84,27 @@ def test_split_communication_by_hand():
   assert down == 3 * p1 + 25 * act
 
 
+def test_every_round_returns_its_bytes():
+  """METHOD.round's metrics carry bytes up/down: communication of the
+  round's samples, or the round's own count (MultiSFL's replay traffic)."""
+  from conftest import make_fed_data
+
+  from jsfl.methods import multisfl
+  data = make_fed_data([13, 7, 20, 5], dominant=np.array([2, 0, 1, 0], np.int32))
+  model = get_model("small_cnn", (8, 8, 1), 4, norm="none", width=4, hidden=8)
+  setup = base.Setup(model=model, num_clients=4, clients_per_round=3,
+                     max_size=data["table"].shape[1], batch_size=4, cut=2)
+  key = jax.random.key(0)
+  state, m = jax.jit(lambda s, k: sfl.METHOD.round(setup, s, data, k))(
+      sfl.init(setup, key), key)
+  up, down = sfl.communication(setup, int(m["samples"]))
+  np.testing.assert_allclose([m["bytes_up"], m["bytes_down"]], [up, down], rtol=1e-7)
+  _, own = multisfl.round(setup, multisfl.init(setup, key), data, key)
+  _, m = multisfl.METHOD.round(setup, multisfl.init(setup, key), data, key)
+  assert float(m["bytes_up"]) == float(own["bytes_up"])
+  assert float(m["bytes_up"]) > multisfl.communication(setup, int(m["samples"]))[0]
+
+
 def test_lr_schedule_has_a_floor():
   lr = [float(common.round_lr(0.05, 0.5, 0.01, jnp.int32(r))) for r in range(5)]
   np.testing.assert_allclose(lr, [0.05, 0.025, 0.0125, 0.01, 0.01])

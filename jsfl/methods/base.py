@@ -127,11 +127,14 @@ class Method:
 
   * ``init(setup, key) -> state``: a pytree;
   * ``round(setup, state, data, key) -> (state, metrics)``: one round, pure
-    and jittable; the runner maps it over the seed axis and jits it once;
+    and jittable; the runner maps it over the seed axis and jits it once.
+    ``METHOD.round``'s metrics always hold the round's ``bytes_up`` /
+    ``bytes_down``: the round's own count when it returns one (MultiSFL's
+    replay traffic), else ``communication`` of its ``samples``;
   * ``output_model(setup, state) -> (params, stats)``: the model evaluated;
   * ``communication(setup, samples) -> (bytes_up, bytes_down)`` of a round
-    from its processed-sample count (a round may return ``bytes_up`` /
-    ``bytes_down`` metrics itself, which take precedence);
+    from its processed-sample count (a Python int, or a traced float32 inside
+    the round);
   * ``predict(setup, state, x) -> logits``: for outputs that are not one
     staged model (SplitFedV3, MultiHead); None evaluates ``output_model``;
   * ``validate(setup)``: raises ValueError for an impossible option value
@@ -150,6 +153,22 @@ class Method:
   validate: Callable | None = None
   artifacts: Callable | None = None
   label_rank: Callable | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "round", _counting_bytes(self.round, self.communication))
+
+
+def _counting_bytes(round_fn: Callable, communication: Callable) -> Callable:
+  """``round_fn`` whose metrics carry the round's bytes up and down (float32:
+  a long round's traffic exceeds int32)."""
+  def round_with_bytes(setup, state, data, key):
+    state, metrics = round_fn(setup, state, data, key)
+    if "bytes_up" not in metrics:
+      up, down = communication(setup, metrics["samples"].astype(jnp.float32))
+      metrics = {**metrics, "bytes_up": jnp.asarray(up, jnp.float32),
+                 "bytes_down": jnp.asarray(down, jnp.float32)}
+    return state, metrics
+  return round_with_bytes
 
 
 def label_rank_of(state):
