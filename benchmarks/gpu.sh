@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The accelerator benchmarks in one command, one part per call so every call
+# ends inside 9 minutes (an offline GPU machine whose image has jax with CUDA,
+# flax, optax, orbax, chex and torch; install jsfl with
+# `pip install --no-deps -e .` first).  Results go to one folder, with a log
+# per part and the machine in every JSON.
+#
+# Usage: bash benchmarks/gpu.sh [--smoke] [PART...]
+#   parts: vs_torch_mobilenet vs_torch_resnet18 throughput scaling (default: all,
+#          in that order; run them one call each where a call is time-limited)
+#   --smoke: the same scripts at toy sizes on any backend (the test suite runs
+#          it on the CPU); vs_torch is skipped where torch is not installed.
+# Env: OUT (benchmarks/results/gpu-<host>-<date>), PYTHON (python), LIMIT (540 s a part).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+smoke=0
+if [[ ${1:-} == --smoke ]]; then smoke=1; shift; fi
+parts=("$@")
+[[ ${#parts[@]} -gt 0 ]] || parts=(vs_torch_mobilenet vs_torch_resnet18 throughput scaling)
+py=${PYTHON:-python}
+out=${OUT:-benchmarks/results/gpu-$(hostname)-$(date -u +%Y%m%d)}
+limit=${LIMIT:-540}
+mkdir -p "$out"
+
+# part NAME SCRIPT ARGS...: one benchmark script, its log next to its JSON
+part() {
+  local name=$1 script=$2; shift 2
+  echo "== $name: $script $*"
+  timeout "$limit" "$py" "benchmarks/$script" "$@" --out "$out" 2>&1 | tee "$out/$name.log"
+}
+
+has_torch() { "$py" -c "import torch" 2>/dev/null; }
+
+vs_torch() {  # vs_torch MODEL
+  if ! has_torch; then
+    echo "== vs_torch_$1: skipped (torch is not installed)" | tee "$out/vs_torch_$1.log"
+    return
+  fi
+  if ((smoke)); then
+    part "vs_torch_$1" vs_torch.py --models "$1" --methods sfl --width 0.125 --clients 2 \
+      --seeds 1 --repeats 1 --torch-threads 1
+  else  # 100 clients x 8 seeds, SFL, Hydra, MultiSFL, plus the whole-model step
+    part "vs_torch_$1" vs_torch.py --models "$1" --clients 100 --seeds 8 --repeats 3 --central
+  fi
+}
+
+for p in "${parts[@]}"; do
+  case $p in
+    vs_torch_mobilenet) vs_torch mobilenet_v1 ;;
+    vs_torch_resnet18) vs_torch resnet18 ;;
+    throughput)  # jsfl against per-client loops and the centralised step
+      if ((smoke)); then
+        part throughput throughput.py --width 0.125 --clients 2 --seeds 1 --repeats 1
+      else
+        part throughput throughput.py --clients 10 100 --seeds 1 8 --repeats 3
+      fi ;;
+    scaling)  # seeds 1..32 (and clients, devices) of one SFL program
+      if ((smoke)); then
+        part scaling scaling.py --model small_cnn --width 4 --batch 8 --clients 2 --seeds 1 2 \
+          --seeds-clients 2 --curves clients seeds --repeats 1
+      else
+        # one device here: the devices curve would be simulated host devices
+        part scaling scaling.py --curves seeds clients --seeds 1 2 4 8 16 32 --clients 10 100 \
+          --repeats 3
+      fi ;;
+    *) echo "unknown part '$p'; allowed: vs_torch_mobilenet vs_torch_resnet18 throughput scaling" >&2
+       exit 2 ;;
+  esac
+done
+echo "results in $out"

@@ -1,0 +1,36 @@
+"""``benchmarks/gpu.sh --smoke``: the accelerator benchmark command runs end
+to end at toy sizes on the CPU and leaves one JSON per part it ran."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_gpu_script_smoke(tmp_path):
+  env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "LIMIT": "300",
+         "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--smoke", "throughput",
+                         "scaling", "vs_torch_resnet18"],
+                        env=env, capture_output=True, text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  names = sorted(p.name for p in tmp_path.glob("*.json"))
+  assert any(n.startswith("throughput-") for n in names), names
+  assert any(n.startswith("scaling-") for n in names), names
+  for p in tmp_path.glob("*.json"):
+    res = json.loads(p.read_text())
+    assert res["machine"]["backend"] == "cpu"
+  vs = (tmp_path / "vs_torch_resnet18.log").read_text()
+  assert "skipped (torch is not installed)" in vs or any(
+      n.startswith("vs_torch-") for n in names), vs[-2000:]
+
+
+def test_gpu_script_rejects_unknown_part(tmp_path):
+  env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+  proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--smoke", "warp"],
+                        env=env, capture_output=True, text=True, timeout=60, check=False)
+  assert proc.returncode == 2
+  assert "unknown part 'warp'; allowed:" in proc.stderr
