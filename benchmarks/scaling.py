@@ -57,7 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 import interleave  # benchmarks/ is not a package: sibling modules (script dir on sys.path)
 import throughput
 
-from jsfl import config, runner
+from jsfl import runner
 from jsfl.engine import sharding
 from jsfl.methods import base, sfl
 
@@ -96,14 +96,12 @@ def worker(args, point: dict) -> None:
   """Builds and compiles one point, then answers ``time`` / ``stats`` / ``quit``."""
   clients, seeds, n_dev = point["clients"], point["seeds"], point["devices"]
   n_per = args.steps * args.batch
-  cfg = config.resolve({
+  setup = runner.setup_from({
       "model": {"name": args.model, **model_options(args)},
       "partition": {"num_clients": clients},
       "method": {"name": "sfl", "batch_size": args.batch},
       "optim": {"lr": args.lr, "momentum": args.momentum, "weight_decay": args.weight_decay},
-      "exec": {"client_exec": args.client_exec}})
-  model, cut = runner.build_model(cfg, (32, 32, 3), 10)
-  setup = runner.make_setup(cfg, model, cut, n_per)
+      "exec": {"client_exec": args.client_exec}}, (32, 32, 3), 10, n_per)
   shared, per_seed = throughput.workload(args, clients, seeds)
   how = point["seed_exec"]
 

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jsfl import config, runner
+from jsfl import runner
 from jsfl.data import load_dataset
 from jsfl.engine import batching, common, split
 from jsfl.methods import sfl
@@ -76,14 +76,13 @@ def workload(args, clients, seeds):
 
 def make_setup(args, clients, client_exec="vmap", conv_impl=None, depthwise_impl=None):
   """SFL on the workload, set up from a config as ``jsfl run`` sets it up."""
-  cfg = config.resolve({
+  return runner.setup_from({
       "model": {"name": args.model, "width": args.width, "cut": args.cut,
                 "conv_impl": conv_impl or "auto", "depthwise_impl": depthwise_impl or "auto"},
       "partition": {"num_clients": clients},
       "method": {"name": "sfl", "batch_size": args.batch},
-      "optim": {"lr": 0.01}, "exec": {"client_exec": client_exec}})
-  model, cut = runner.build_model(cfg, (32, 32, 3), 10)
-  return runner.make_setup(cfg, model, cut, args.steps * args.batch)
+      "optim": {"lr": 0.01}, "exec": {"client_exec": client_exec}},
+      (32, 32, 3), 10, args.steps * args.batch)
 
 
 def bench_jsfl(args, clients, seeds, seed_exec="vmap", **setup_kw):

@@ -65,7 +65,7 @@ import optax
 HERE = os.path.dirname(os.path.abspath(__file__))
 import interleave  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
-from jsfl import config, runner
+from jsfl import runner
 from jsfl.data import load_dataset
 from jsfl.engine import common
 from jsfl.methods import base, hydra
@@ -84,16 +84,15 @@ TORCH_NOTE = ("torch loop: eager PyTorch, one Python call per client batch, seed
 def make_setup(args, method: str, model: str) -> base.Setup:
   """jsfl's static run description of the workload, from a config as
   ``jsfl run`` builds it."""
-  cfg = config.resolve({
+  return runner.setup_from({
       "model": {"name": model, "width": args.width},
       "partition": {"num_clients": args.clients},
       "method": {"name": method, "batch_size": args.batch,
                  **({"replay": "off"} if method == "multisfl" else {})},
       "optim": {"lr": args.lr, "momentum": args.momentum,
                 "weight_decay": args.weight_decay},
-      "exec": {"client_exec": args.client_exec}})
-  m, cut = runner.build_model(cfg, (32, 32, 3), 10)
-  return runner.make_setup(cfg, m, cut, args.steps * args.batch)
+      "exec": {"client_exec": args.client_exec}},
+      (32, 32, 3), 10, args.steps * args.batch)
 
 
 def jsfl_round(args, method: str, model: str, data_path: str, seeds: int):

@@ -163,6 +163,15 @@ def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
       options=METHODS[me_cfg["name"]].options(**method_opts))
 
 
+def setup_from(raw: dict, input_shape, num_classes: int, max_size: int) -> Setup:
+  """The :class:`Setup` of a config table (defaults filled in and checked)
+  for data of ``input_shape`` and ``num_classes`` without loading a dataset:
+  what benchmarks on synthetic workloads run."""
+  cfg = config_lib.resolve(raw)
+  model, cut = build_model(cfg, input_shape, num_classes)
+  return make_setup(cfg, model, cut, max_size)
+
+
 def _model_options_error(name: str, given: dict, err: Exception) -> str:
   """A model option the factory does not take, with the ones it does."""
   import inspect

@@ -123,8 +123,8 @@ def server_update(setup, tx, server: Portion, act, y, mask, loss=cross_entropy):
 
 
 # -------------------------------------------------------------- server rules
-def skip_idle(one: Callable, mask) -> Callable:
-  """``one`` run only when ``mask`` has a sample (``lax.cond``).
+def skip_idle(one: Callable) -> Callable:
+  """``one`` run only when its batch mask has a sample (``lax.cond``).
 
   A server step on an empty batch changes nothing, so the idle side returns
   the carry, a zero activation gradient and a zero loss.  Where the cond is
@@ -133,7 +133,7 @@ def skip_idle(one: Callable, mask) -> Callable:
   """
   def run(srv, act, y, m, k):
     idle = lambda: (srv, jnp.zeros_like(act), jnp.zeros((), jnp.float32))
-    return lax.cond(jnp.any(mask), lambda: one(srv, act, y, m, k), idle)
+    return lax.cond(jnp.any(m), lambda: one(srv, act, y, m, k), idle)
   return run
 
 
@@ -145,7 +145,7 @@ def sequential(one: Callable, unroll: int = 1) -> Callable:
   """
   def serve(server, acts, y, mask, order):
     def visit(srv, k):
-      srv, g_a, lsum = skip_idle(one, mask[k])(srv, acts[k], y[k], mask[k], k)
+      srv, g_a, lsum = skip_idle(one)(srv, acts[k], y[k], mask[k], k)
       return srv, (g_a, lsum)
 
     server, (g_ordered, lsums) = lax.scan(visit, server, order, unroll=unroll)

@@ -735,6 +735,8 @@ def round(setup: Setup, state: State, data, key):
   o = options(setup)
   d = decide(setup, state, data, key)
   n, T = setup.clients_per_round, d.idx.shape[0]
+  # The branches' plan (``decide`` permuted the drawn one); no processing
+  # order is drawn from it, the branches being served side by side.
   plan = RoundPlan(d.clients, d.sizes, d.idx, d.mask, key,
                    common.make_optimizer(setup.momentum, setup.weight_decay), d.lr)
   # Client-portion optimiser states are rebuilt every round; the server's per
