@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jsfl import __version__, checkpoint, distributed, metrics, rundir
+from jsfl import __version__, checkpoint, distributed, metrics, rundir, slots
 from jsfl import config as config_lib
 from jsfl.data import load_dataset
 from jsfl.engine import sharding
@@ -34,9 +34,20 @@ from jsfl.models import get_model, layers
 from jsfl.partitions import dominant_labels, index_table, label_counts, make_partition
 
 SHARED_KEYS = ("x", "y", "mean", "std")
-SEED_KEYS = ("table", "sizes", "dominant", "counts")
+SEED_KEYS = ("table", "sizes", "dominant", "counts", "hyper")
 # Metrics every round returns; any other key a method returns is a logged
 # decision (e.g. Hydra's groups, SFedKD's teachers) written per record as is.
+
+
+@dataclasses.dataclass
+class Slot:
+  """One run of a program (:mod:`jsfl.slots`): its seed, its cell's config
+  (batchable values and partition options), and the cell's name when the
+  program trains several cells."""
+
+  seed: int
+  cfg: dict
+  cell: str | None = None
 
 
 @dataclasses.dataclass
@@ -47,22 +58,41 @@ class Experiment:
   setup: Setup
   method: Any
   dataset: Any
-  seeds: list[int]
-  partitions: list[dict]      # per seed: counts, sizes, dominant
-  data: dict                  # device arrays; SEED_KEYS have a leading seed axis
+  seeds: list[int]            # per slot (a seed repeats across cells)
+  partitions: list[dict]      # per slot: seed, counts, sizes, dominant (and cell)
+  data: dict                  # device arrays; SEED_KEYS have a leading slot axis
+  slots: list[Slot] = dataclasses.field(default_factory=list)
+
+  @property
+  def cells(self) -> list[str]:
+    """The cells' names in slot order, empty for a single-config run."""
+    return list(dict.fromkeys(s.cell for s in self.slots if s.cell is not None))
 
 
 def _options_error(section: str, err: Exception) -> config_lib.ConfigError:
   return config_lib.ConfigError(f"[{section}] {err}")
 
 
-def prepare(cfg: dict) -> Experiment:
-  """Loads data, builds the model, partitions per seed, checks every option.
+def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experiment:
+  """Loads data, builds the model, partitions per slot, checks every option.
+
+  Args:
+    cfg: the resolved config (with ``cells``: the program's static part).
+    cells: ``(name, resolved config)`` of every cell trained as slots of
+      this one program (:mod:`jsfl.slots`): each brings its seeds, batchable
+      values and partition options; None: ``cfg``'s seeds are the slots.
 
   Raises:
     ConfigError: for any invalid option (nothing has been written yet).
+    ValueError: cells whose static parts differ (a caller's bug).
   """
-  ds_cfg, p_cfg, x_cfg = cfg["dataset"], cfg["partition"], cfg["exec"]
+  ds_cfg, x_cfg = cfg["dataset"], cfg["exec"]
+  cells = [(None, cfg)] if cells is None else list(cells)
+  for name, c in cells:
+    diff = slots.differences(cfg, c)
+    if diff:
+      raise ValueError(f"cell {name!r} cannot be a slot of this program: it differs "
+                       f"in {', '.join(diff)}")
   try:
     dataset = load_dataset(ds_cfg["name"], data_dir=ds_cfg["data_dir"] or None,
                            download=ds_cfg["download"],
@@ -72,44 +102,62 @@ def prepare(cfg: dict) -> Experiment:
   model, cut = build_model(cfg, dataset.input_shape, dataset.num_classes)
   method = get_method(cfg["method"]["name"])
 
-  K = p_cfg["num_clients"]
-  seeds = [cfg["run"]["seed"] + s for s in range(cfg["run"]["seeds"])]
-  p_opts = config_lib.extra_options(cfg, "partition")
-  parts_per_seed, tables = [], []
-  for s in seeds:
+  K = cfg["partition"]["num_clients"]
+  run_slots = [Slot(s, c, name) for name, c in cells
+               for s in range(c["run"]["seed"], c["run"]["seed"] + c["run"]["seeds"])]
+  parts_per_slot, tables = [], []
+  for slot in run_slots:
+    p_cfg = slot.cfg["partition"]
     try:
-      parts = make_partition(p_cfg["name"], dataset.y_train, K, seed=s,
+      parts = make_partition(p_cfg["name"], dataset.y_train, K, seed=slot.seed,
                              num_classes=dataset.num_classes,
-                             client_ids=dataset.client_ids, **p_opts)
+                             client_ids=dataset.client_ids,
+                             **config_lib.extra_options(slot.cfg, "partition"))
     except (ValueError, TypeError) as e:
       raise _options_error("partition", e) from None
     counts = label_counts(parts, dataset.y_train, dataset.num_classes)
     table, _, sizes = index_table(parts)
-    parts_per_seed.append({"seed": s, "label_counts": counts,
-                           "sizes": sizes, "dominant": dominant_labels(counts)})
+    parts_per_slot.append({"seed": slot.seed, **({"cell": slot.cell} if slot.cell else {}),
+                           "label_counts": counts, "sizes": sizes,
+                           "dominant": dominant_labels(counts)})
     tables.append(table)
   max_n = max(t.shape[1] for t in tables)
   tables = np.stack([np.pad(t, ((0, 0), (0, max_n - t.shape[1]))) for t in tables])
   setup = make_setup(cfg, model, cut, max_n)
   try:
-    sharding.mesh_shape(x_cfg["mesh"], jax.device_count(), len(seeds),
+    sharding.mesh_shape(x_cfg["mesh"], jax.device_count(), len(run_slots),
                         setup.clients_per_round)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from None
   if method.validate is not None:  # method checks needing the model or sizes
-    try:
-      method.validate(setup)
-    except ValueError as e:
-      raise _options_error("method", e) from None
+    for _, c in cells:  # each cell's own values (p_min <= p0, ...)
+      try:
+        method.validate(make_setup(c, model, cut, max_n))
+      except ValueError as e:
+        raise _options_error("method", e) from None
+  hyper = [slots.hyper_values(slot.cfg) for slot in run_slots]
   data = {"x": jnp.asarray(dataset.x_train), "y": jnp.asarray(dataset.y_train),
           "mean": jnp.asarray(dataset.mean), "std": jnp.asarray(dataset.std),
           "table": jnp.asarray(tables),
-          "sizes": jnp.asarray(np.stack([p["sizes"] for p in parts_per_seed])),
-          "dominant": jnp.asarray(np.stack([p["dominant"] for p in parts_per_seed])
+          "sizes": jnp.asarray(np.stack([p["sizes"] for p in parts_per_slot])),
+          "dominant": jnp.asarray(np.stack([p["dominant"] for p in parts_per_slot])
                                   .astype(np.int32)),
-          "counts": jnp.asarray(np.stack([p["label_counts"] for p in parts_per_seed])
-                                .astype(np.int32))}
-  return Experiment(cfg, setup, method, dataset, seeds, parts_per_seed, data)
+          "counts": jnp.asarray(np.stack([p["label_counts"] for p in parts_per_slot])
+                                .astype(np.int32)),
+          "hyper": {k: jnp.asarray([h[k] for h in hyper], jnp.float32) for k in hyper[0]}}
+  return Experiment(cfg, setup, method, dataset, [s.seed for s in run_slots],
+                    parts_per_slot, data, run_slots)
+
+
+def with_hyper(setup: Setup, hyper: dict) -> Setup:
+  """``setup`` with one slot's batchable values (``section.key`` -> traced
+  scalar, :func:`jsfl.slots.hyper_values`) in place of its constants."""
+  optim = {k.split(".", 1)[1]: v for k, v in hyper.items() if k.startswith("optim.")}
+  own = {k.split(".", 1)[1]: v for k, v in hyper.items() if k.startswith("method.")}
+  options = setup.options
+  if own:
+    options = dataclasses.replace(options, **own)
+  return setup.replace(**optim, options=options)
 
 
 def build_model(cfg: dict, input_shape, num_classes: int):
@@ -272,29 +320,38 @@ def build_programs(exp: Experiment, mesh=None):
     how = "vmap"  # a rolled loop over a sharded axis would gather it
 
   def round_one(state, seed_data, key, shared):
-    state, m = method.round(setup, state, {**shared, **seed_data}, key)
+    s = with_hyper(setup, seed_data["hyper"])
+    data = {**shared, **{k: v for k, v in seed_data.items() if k != "hyper"}}
+    state, m = method.round(s, state, data, key)
     return state, {**m, "finite": all_finite(state, m["loss"])}
 
-  def eval_one(state, test, mean, std):
-    if method.predict is not None:  # outputs that are not one staged model
-      return evaluate_logits(lambda x: method.predict(setup, state, x), test,
-                             mean, std, setup.num_classes)
-    params, stats = method.output_model(setup, state)
-    return evaluate(setup.model, params, stats, test, mean, std, setup.num_classes)
+  def init_one(key, hyper):
+    return method.init(with_hyper(setup, hyper), key)
 
+  def eval_one(state, hyper, test, mean, std):
+    s = with_hyper(setup, hyper)
+    if method.predict is not None:  # outputs that are not one staged model
+      return evaluate_logits(lambda x: method.predict(s, state, x), test,
+                             mean, std, s.num_classes)
+    params, stats = method.output_model(s, state)
+    return evaluate(s.model, params, stats, test, mean, std, s.num_classes)
+
+  hyper = exp.data["hyper"]
   if not sharded:
-    init = jax.jit(seed_program(lambda k: method.init(setup, k), how, 1))
+    init = jax.jit(seed_program(init_one, how, 2))
     rnd = jax.jit(seed_program(round_one, how, 3), donate_argnums=(0,))
-    ev = jax.jit(seed_program(eval_one, how, 1))
-    return init, rnd, ev
+    ev = jax.jit(seed_program(eval_one, how, 2))
+    return (lambda keys: init(keys, hyper), rnd,
+            lambda state, *rest: ev(state, hyper, *rest))
   ss, rep = sharding.seed_sharding(mesh), sharding.replicated(mesh)
+  hyper = sharding.put(hyper, ss)
   spmd = "seeds" if how == "vmap" else None
-  init = jax.jit(seed_program(lambda k: method.init(setup, k), how, 1, spmd),
-                 in_shardings=ss, out_shardings=ss)
+  init = jax.jit(seed_program(init_one, how, 2, spmd),
+                 in_shardings=(ss, ss), out_shardings=ss)
   rnd = jax.jit(seed_program(round_one, how, 3, spmd), donate_argnums=(0,),
                 in_shardings=(ss, ss, ss, rep), out_shardings=(ss, rep))
-  ev = jax.jit(seed_program(eval_one, how, 1, spmd),
-               in_shardings=(ss, rep, rep, rep), out_shardings=rep)
+  ev = jax.jit(seed_program(eval_one, how, 2, spmd),
+               in_shardings=(ss, ss, rep, rep, rep), out_shardings=rep)
 
   def traced_under_mesh(fn):
     # constrain_clients reads the active mesh while the round is traced.
@@ -302,7 +359,9 @@ def build_programs(exp: Experiment, mesh=None):
       with sharding.active(mesh):
         return fn(*args)
     return call
-  return tuple(map(traced_under_mesh, (init, rnd, ev)))
+  init, rnd, ev = map(traced_under_mesh, (init, rnd, ev))
+  return (lambda keys: init(keys, hyper), rnd,
+          lambda state, *rest: ev(state, hyper, *rest))
 
 
 def all_finite(*trees) -> jax.Array:
@@ -395,14 +454,35 @@ def _write_run_files(cfg: dict, exp: Experiment, out: str, mesh) -> None:
                                  else cfg["exec"]["seed_exec"]),
                    "default_depthwise_impl": layers.default_depthwise_impl(),
                    "mesh": dict(mesh.shape) if mesh is not None else None,
-                   "processes": jax.process_count()}})
+                   "processes": jax.process_count()},
+      # A program of several cells: each one's config, for resume and the split.
+      **({"cells": [{"name": n, "config": c} for n, c in _cell_configs(exp)]}
+         if exp.cells else {})})
   rundir.write_json_atomic(f"{out}/partition.json", {"seeds": exp.partitions})
-  if method.artifacts is not None:  # e.g. Hydra's groups.json
+  if method.artifacts is None:  # e.g. Hydra's groups.json
+    return
+  if not exp.cells:
     for fname, obj in method.artifacts(setup, exp.partitions).items():
       rundir.write_json_atomic(f"{out}/{fname}", obj)
+    return
+  for name, c in _cell_configs(exp):  # each cell's own, from its own options
+    own = make_setup(c, setup.model, setup.cut, setup.max_size)
+    parts = [p for p in exp.partitions if p.get("cell") == name]
+    os.makedirs(f"{out}/{CELL_ARTIFACTS}/{name}", exist_ok=True)
+    for fname, obj in method.artifacts(own, parts).items():
+      rundir.write_json_atomic(f"{out}/{CELL_ARTIFACTS}/{name}/{fname}", obj)
 
 
-def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) -> str:
+CELL_ARTIFACTS = "cells"  # a program of several cells: <run dir>/cells/<cell>/<file>
+
+
+def _cell_configs(exp: Experiment) -> list[tuple[str, dict]]:
+  """``(name, config)`` of every cell of a program, in slot order."""
+  return list({s.cell: (s.cell, s.cfg) for s in exp.slots if s.cell is not None}.values())
+
+
+def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None,
+        cells: list[tuple[str, dict]] | None = None) -> str:
   """Trains per ``cfg`` and returns the run directory (see :mod:`jsfl.rundir`).
 
   Checkpoints (:mod:`jsfl.checkpoint`) are written every
@@ -419,6 +499,8 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) 
     resume: an existing run directory of ``cfg`` to continue from its newest
       checkpoint that restores (round 0 without one) instead of a new one;
       use :func:`resume`, which also reads and re-validates the config.
+    cells: ``(name, config)`` of cells to train as slots of one program
+      (:func:`prepare`); its records carry their cell's name.
 
   Returns:
     The run directory.
@@ -431,7 +513,7 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None) 
     RunDirError, CheckpointError: the directory is taken or locked; no
       checkpoint restores or matches; a checkpoint could not be written.
   """
-  exp = exp or prepare(cfg)
+  exp = exp or prepare(cfg, cells)
   # Multi-host: process 0 alone writes files; the others learn its directory
   # (checkpoints are written by all of them into it).
   writes = distributed.is_writer()
@@ -484,7 +566,7 @@ def _train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: boo
   R, every = cfg["run"]["rounds"], cfg["run"]["eval_every"]
   ckpt_every = cfg["run"]["checkpoint_every"]
   ckpt = checkpoint.Checkpointer(os.path.join(out, "checkpoints"))
-  t = _Tally(seeds)
+  t = _Tally(exp)
   if resume:
     state = t.restore(cfg, out, ckpt, state, writes)
   writer = rundir.MetricsWriter(f"{out}/metrics.jsonl") if writes else rundir.NullWriter()
@@ -504,14 +586,14 @@ def _train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: boo
         acc = t.record(cfg, exp, state, m, e, r, wall, traffic, writer)
         if writes:
           rundir.write_json_atomic(f"{out}/summary.json",
-                                   _summary(cfg, t.records, t.diverged))
+                                   _summary(cfg, t.records, t.diverged_ids()))
       bar.update(r + 1, acc, float(np.sum(m["samples"])) / wall, final=r + 1 == R)
       stop.agree()  # every host stops after the same round
       if stopping:
-        raise _diverged(cfg, out, t.diverged, r + 1, R)  # no checkpoint of a broken state
+        raise _diverged(cfg, out, t.diverged_ids(), r + 1, R)  # no checkpoint of a broken state
       if r + 1 == R or stop.signum or (ckpt_every and (r + 1) % ckpt_every == 0):
         ckpt.save(r + 1, state, seeds, t.cum_up, t.cum_down,
-                  extra={"diverged": {str(k): v for k, v in t.diverged.items()}})
+                  extra=t.host_record())
       if stop.signum and r + 1 < R:
         if bar.enabled and bar.tty:
           sys.stderr.write("\n")  # end the progress line
@@ -528,20 +610,35 @@ def _train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: boo
           f"accuracy {np.round(np.asarray(t.last_acc, np.float64), 4).tolist()}",
           file=sys.stderr, flush=True)
   if t.diverged:
-    raise _diverged(cfg, out, t.diverged, R, R)
+    raise _diverged(cfg, out, t.diverged_ids(), R, R)
 
 
 class _Tally:
   """What the round loop accumulates across rounds (and restores on resume):
-  the first round to run, cumulative bytes, the records written, per-seed
-  per-label histories (for BW), and the seeds that diverged."""
+  the first round to run, cumulative bytes, the records written, per-slot
+  per-label histories (for BW), and the slots that diverged (by index; a
+  slot is named by its seed, and by its cell in a program of several)."""
 
-  def __init__(self, seeds):
-    self.seeds = seeds
+  def __init__(self, exp: Experiment):
+    self.seeds = exp.seeds
+    self.ids = [(s.cell, s.seed) for s in exp.slots] or [(None, s) for s in exp.seeds]
+    self.several = any(c is not None for c, _ in self.ids)
     self.start, self.cum_up, self.cum_down, self.records = 0, 0, 0, []
-    self.diverged: dict[int, int] = {}  # seed -> round its training stopped at
-    self.history = [[] for _ in seeds]
+    self.diverged: dict[int, int] = {}  # slot -> round its training stopped at
+    self.history = [[] for _ in self.ids]
     self.last_acc = None
+
+  def diverged_ids(self) -> dict:
+    """``{seed: round}``, or ``{(cell, seed): round}`` in a program of
+    several cells."""
+    return {(self.ids[i] if self.several else self.ids[i][1]): r
+            for i, r in sorted(self.diverged.items())}
+
+  def host_record(self) -> dict:
+    """The checkpoint's record of diverged slots (by seed when seeds name them)."""
+    if self.several:
+      return {"diverged_slots": {str(i): r for i, r in self.diverged.items()}}
+    return {"diverged": {str(self.ids[i][1]): r for i, r in self.diverged.items()}}
 
   def restore(self, cfg, out, ckpt, state, writes):
     """The newest restorable checkpoint's state; the records up to it."""
@@ -552,58 +649,79 @@ class _Tally:
       raise
     if got is not None:
       self.start, state, self.cum_up, self.cum_down = got
-      self.diverged = {int(k): int(v) for k, v in
-                       (ckpt.restored_host.get("diverged") or {}).items()}
-    self.records = (_resume_records(cfg, out, self.start, self.diverged) if writes
+      host = ckpt.restored_host
+      if "diverged_slots" in host:
+        self.diverged = {int(k): int(v) for k, v in host["diverged_slots"].items()}
+      else:
+        by_seed = {int(k): int(v) for k, v in (host.get("diverged") or {}).items()}
+        self.diverged = {i: by_seed[s] for i, (_, s) in enumerate(self.ids) if s in by_seed}
+    self.records = (_resume_records(cfg, out, self.start, self.diverged_ids()) if writes
                     else rundir.read_metrics_upto(f"{out}/metrics.jsonl", self.start))
     self.history = [[np.asarray([np.nan if v is None else v
                                  for v in rec["per_label_accuracy"]], np.float32)
-                     for rec in self.records if rec["seed"] == s] for s in self.seeds]
+                     for rec in self.records if _record_id(rec) == slot_id]
+                    for slot_id in self.ids]
     return state
 
   def add_traffic(self, m):
-    """Per seed (up, down, cumulative up, cumulative down) bytes of the round
+    """Per slot (up, down, cumulative up, cumulative down) bytes of the round
     (every ``METHOD.round`` returns its own)."""
     ups, downs = tuple(map(float, m["bytes_up"])), tuple(map(float, m["bytes_down"]))
     self.cum_up += np.asarray(ups)
     self.cum_down += np.asarray(downs)
     return [(ups[i], downs[i], self.cum_up[i], self.cum_down[i])
-            for i in range(len(self.seeds))]
+            for i in range(len(self.ids))]
 
   def note_divergence(self, cfg, m, r, warn: bool) -> bool:
-    """Marks seeds whose round was not finite; True if the run must stop."""
-    newly = [s for s, ok in zip(self.seeds, np.asarray(m["finite"])) if not ok
-             and s not in self.diverged]
-    self.diverged.update({s: r + 1 for s in newly})
+    """Marks slots whose round was not finite; True if the run must stop.
+
+    A program of several cells stops only when every slot has diverged: one
+    cell's divergence must not end the others' runs (the sweep applies each
+    cell's ``run.on_divergence`` to its own records when it splits them).
+    """
+    newly = [i for i, ok in enumerate(np.asarray(m["finite"])) if not ok
+             and i not in self.diverged]
+    self.diverged.update({i: r + 1 for i in newly})
     if newly and warn:
-      _warn(f"seed{'s' * (len(newly) > 1)} {', '.join(map(str, newly))} diverged at "
+      names = [_slot_name(*self.ids[i]) for i in newly]
+      _warn(f"seed{'s' * (len(newly) > 1)} {', '.join(names)} diverged at "
             f"round {r + 1} (non-finite loss or parameters); "
             + ("stopping the run" if cfg["run"]["on_divergence"] == "stop_run"
-               else "its later rounds are not recorded"))
-    return bool(self.diverged) and (cfg["run"]["on_divergence"] == "stop_run"
-                                    or len(self.diverged) == len(self.seeds))
+               and not self.several else "its later rounds are not recorded"))
+    every = len(self.diverged) == len(self.ids)
+    return bool(self.diverged) and (every or (cfg["run"]["on_divergence"] == "stop_run"
+                                              and not self.several))
 
   def record(self, cfg, exp, state, m, e, r, wall, traffic, writer):
     """Writes the evaluated round's records; the median accuracy of the live
-    seeds (None if none is left)."""
-    for i, s in enumerate(self.seeds):
-      if s in self.diverged:
+    slots (None if none is left)."""
+    for i in range(len(self.ids)):
+      if i in self.diverged:
         continue
       rec = metrics.round_record(cfg, exp, state, m, e, i, r, self.history[i], wall,
                                  traffic[i])
       writer.write(rec)
       self.records.append(rec)
     self.last_acc = e["accuracy"]
-    live = [i for i, s in enumerate(self.seeds) if s not in self.diverged]
+    live = [i for i in range(len(self.ids)) if i not in self.diverged]
     return float(np.median(e["accuracy"][live])) if live else None
+
+
+def _record_id(rec: dict):
+  return rec.get("cell"), rec["seed"]
+
+
+def _slot_name(cell, seed) -> str:
+  return str(seed) if cell is None else f"{seed} of cell {cell}"
 
 
 def _warn(msg: str) -> None:
   print(f"jsfl: warning: {msg}", file=sys.stderr, flush=True)
 
 
-def _diverged(cfg: dict, out: str, diverged: dict[int, int], at: int, R: int) -> Diverged:
-  which = ", ".join(f"seed {s} at round {r}" for s, r in sorted(diverged.items()))
+def _diverged(cfg: dict, out: str, diverged: dict, at: int, R: int) -> Diverged:
+  which = ", ".join(f"seed {_slot_name(*(k if isinstance(k, tuple) else (None, k)))} at "
+                    f"round {r}" for k, r in diverged.items())
   o = cfg["optim"]
   ended = (f"the run stopped after round {at}" if at < R
            else f"the other seeds ran to round {R}")
@@ -709,26 +827,40 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
     raise config_lib.ConfigError(
         f"{run_dir!r} is not a run directory: expected {path} with a 'config' "
         "key, as jsfl run writes") from None
-  try:  # the stored config is checked as a new one would be (it may have been edited)
-    cfg = config_lib.resolve(stored)
-  except config_lib.ConfigError as e:
-    raise config_lib.ConfigError(f"{path}: {e}") from None
-  if progress is not None:
-    cfg["exec"]["progress"] = progress
-  # A run continues with the client loop it started with, even where a later
-  # jsfl measures another default for "auto": the values agree only to float
-  # tolerance across loops, and a resumed run must equal an uninterrupted one.
   started_with = (written.get("resolved") or {}).get("client_exec")
-  if cfg["exec"]["client_exec"] == "auto" and started_with in config_lib.SCHEMA[
-      "exec"]["client_exec"].choices[1:]:
-    cfg["exec"]["client_exec"] = started_with
+
+  def again(stored: dict, where: str) -> dict:
+    try:  # checked as a new config would be (it may have been edited)
+      cfg = config_lib.resolve(stored)
+    except config_lib.ConfigError as e:
+      raise config_lib.ConfigError(f"{where}: {e}") from None
+    if progress is not None:
+      cfg["exec"]["progress"] = progress
+    # A run continues with the client loop it started with, even where a later
+    # jsfl measures another default for "auto": the values agree only to float
+    # tolerance across loops, and a resumed run must equal an uninterrupted one.
+    if cfg["exec"]["client_exec"] == "auto" and started_with in config_lib.SCHEMA[
+        "exec"]["client_exec"].choices[1:]:
+      cfg["exec"]["client_exec"] = started_with
+    return cfg
+
+  cfg = again(stored, path)
+  cells = None
+  if written.get("cells") is not None:  # a program of several cells (jsfl sweep)
+    try:
+      cells = [(c["name"], again(c["config"], f"{path}, cell {c['name']}"))
+               for c in written["cells"]]
+    except (KeyError, TypeError):
+      raise config_lib.ConfigError(f"{path}: 'cells' is not a list of name and config "
+                                   "tables, as jsfl sweep writes") from None
   R = cfg["run"]["rounds"]
   done = checkpoint.latest_round(os.path.join(run_dir, "checkpoints"))
-  if (done or 0) >= R or (done is None and _finished_without_checkpoints(run_dir, cfg)):
+  if (done or 0) >= R or (done is None and cells is None
+                          and _finished_without_checkpoints(run_dir, cfg)):
     print(f"jsfl: {run_dir} is finished ({R} of {R} rounds); nothing to resume",
           file=sys.stderr)
     return run_dir
-  return run(cfg, resume=run_dir)
+  return run(cfg, resume=run_dir, cells=cells)
 
 
 def _finished_without_checkpoints(run_dir: str, cfg: dict) -> bool:
@@ -756,11 +888,27 @@ EMPTY_FIGURE = {"median": None, "std": None, "per_seed": [], "seeds": []}
 def _summary(cfg, records, diverged=None) -> dict:
   """summary.json: its documented shape whatever happened (a metric without
   values, e.g. BW after one evaluation, is an empty figure, not null); the
-  figures leave out seeds that diverged, which ``diverged`` names."""
-  diverged = diverged or {}
-  figures = metrics.summarize([r for r in records if r["seed"] not in diverged])
+  figures leave out slots that diverged, which ``diverged`` names
+  (``{seed: round}``, or ``{(cell, seed): round}`` for a program of cells)."""
+  diverged = {(k if isinstance(k, tuple) else (None, k)): r
+              for k, r in (diverged or {}).items()}
+  live = [r for r in records if _record_id(r) not in diverged]
+
+  def figures(recs):
+    return {"seeds": sorted({r["seed"] for r in recs}),
+            **{k: v if v is not None else dict(EMPTY_FIGURE)
+               for k, v in metrics.summarize(recs).items()}}
+  cells = list(dict.fromkeys(r["cell"] for r in records if "cell" in r))
   return {"method": cfg["method"]["name"],
           "rounds_evaluated": max((r["round"] for r in records), default=0),
-          "seeds": sorted({r["seed"] for r in records} - set(diverged)),
-          **{k: v if v is not None else dict(EMPTY_FIGURE) for k, v in figures.items()},
-          "diverged": [{"seed": s, "round": r} for s, r in sorted(diverged.items())]}
+          # A program of several cells: a summary per cell (pooling them would
+          # mix learning rates and partitions).
+          **({"cells": {c: figures([r for r in live if r.get("cell") == c]) for c in cells}}
+             if cells else figures(live)),
+          "diverged": [{"seed": s, "round": r, **({"cell": c} if c is not None else {})}
+                       for (c, s), r in sorted(diverged.items(), key=_diverged_order)]}
+
+
+def _diverged_order(item):
+  (cell, seed), _ = item
+  return (cell or "", seed)

@@ -211,8 +211,9 @@ class State:
 
 def init(setup: Setup, key) -> State:
   """n identical branches (one initial model copied), empty score history,
-  ``p = p_0`` (0 with replay off)."""
-  validate(setup)
+  ``p = p_0`` (0 with replay off).  Its options are checked host-side by
+  ``validate`` (the runner's hook): alpha, gamma and p_min may be traced
+  per-slot values here."""
   params, stats = setup.model.init(key)
   c, n = setup.cut, setup.clients_per_round
   tx = common.make_optimizer(setup.momentum, setup.weight_decay)
