@@ -67,8 +67,9 @@ SWEEP_HELP = """\
 Run every cell of a sweep file: a base config, a [grid] of section.key =
 [values] (Cartesian product) and optional [[cells]] of extra overrides.  Each
 cell runs in OUT_DIR/NAME/<cell name>; finished cells are skipped, so rerun
-the same command after a crash.  Cells that differ only in run.seed (seed
-blocks) run as one program and are split back per cell.
+the same command after a crash.  Cells that differ only in seeds, batchable
+options (optim.lr, ...) and partition draws are the slots of one compiled
+program, split back per cell when it ends (--dry-run: cells -> programs).
 
   jsfl sweep experiments/sweeps/example.toml --dry-run
   jsfl sweep experiments/sweeps/example.toml --shard $SLURM_ARRAY_TASK_ID/8
@@ -145,12 +146,16 @@ def _parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
   w.add_argument("sweep_file", help="sweep TOML file (see docs/sweeps.md)")
   w.add_argument("--shard", default=None, metavar="i/n",
-                 help="only cells i, i+n, i+2n, ... (0 <= i < n), e.g. a job array's task")
+                 help="only programs i, i+n, i+2n, ... (0 <= i < n), e.g. a job array's "
+                 "task; programs are cut in whole cells when fewer than n")
+  w.add_argument("--per-cell", action="store_true",
+                 help="every cell its own program (its seeds its slots), not cells of one "
+                 "static signature as slots of one")
   mode = w.add_mutually_exclusive_group()
   mode.add_argument("--collect", action="store_true",
                     help="report every cell into OUT_DIR/NAME/collected and print it")
   mode.add_argument("--dry-run", action="store_true",
-                    help="list the cells with their status (done, partial, todo)")
+                    help="list cells -> programs with their status (done, partial, todo)")
   w.add_argument("--quiet", action="store_true", help="no progress bars")
   sub.add_parser("config-reference", help="print the config reference (markdown)")
   return p
@@ -336,7 +341,7 @@ def cmd_sweep(args) -> int:
   from jsfl import sweep
   try:
     return sweep.main(args.sweep_file, shard_spec=args.shard, collect_only=args.collect,
-                      dry_run=args.dry_run, quiet=args.quiet)
+                      dry_run=args.dry_run, quiet=args.quiet, per_cell=args.per_cell)
   except config_lib.ConfigError as e:
     return _fail(str(e))
 

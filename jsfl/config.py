@@ -131,6 +131,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "eval_batch": _f(int, 1000, "test samples per evaluation chunk",
                          range="[1, 1000000]"),
         "progress": _f(bool, True, "show a progress bar"),
+        "max_slots": _f(int, 0, "jsfl sweep: most slots (runs) one compiled program "
+                        "trains; 0 = as many as the device's memory holds (an estimate, "
+                        "runner.fitting_slots)", range="[0, 1000000]"),
     },
 }
 

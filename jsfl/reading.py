@@ -92,10 +92,11 @@ def read_metrics_checked(path: str) -> tuple[list[dict], list[str]]:
       continue
     why = _check_record(rec)
     if why is None:
-      ident = (rec["seed"], rec["round"])
+      ident = (rec["seed"], rec["round"], rec.get("cell"))
       if ident in first_line:
-        why = (f"seed {ident[0]} round {ident[1]} already read at line "
-               f"{first_line[ident]}")
+        why = (f"seed {ident[0]} round {ident[1]}"
+               + (f" of cell {ident[2]}" if ident[2] is not None else "")
+               + f" already read at line {first_line[ident]}")
       else:
         first_line[ident] = lineno
     if why is not None:
@@ -139,13 +140,38 @@ def load_run(path: str) -> Run:
     problems.append(f"{metrics_path}: missing; run skipped")
   partition = _read_json(os.path.join(path, "partition.json"), problems, required=False)
   summary = _read_json(os.path.join(path, "summary.json"), [], required=False) or {}
-  diverged = {d.get("seed"): d.get("round") for d in summary.get("diverged") or ()
-              if isinstance(d, dict)}
+  diverged = {(d.get("cell"), d.get("seed")): d.get("round")
+              for d in summary.get("diverged") or () if isinstance(d, dict)}
   if diverged:  # a seed's rounds before it diverged are no result of the config
-    records = [r for r in records if r["seed"] not in diverged]
-    problems += [f"{path}: seed {s} diverged at round {r} (summary.json); its records are "
-                 "left out" for s, r in sorted(diverged.items(), key=str)]
+    records = [r for r in records if (r.get("cell"), r["seed"]) not in diverged]
+    problems += [f"{path}: seed {s}{f' of cell {c}' if c is not None else ''} diverged at "
+                 f"round {r} (summary.json); its records are left out"
+                 for (c, s), r in sorted(diverged.items(), key=str)]
   return Run(path, config, resolved, records, partition, problems)
+
+
+def load_runs(path: str) -> list[Run]:
+  """The runs of a run directory: itself, or for a program of several cells
+  (``jsfl sweep`` slots, still training) one run per cell, with that
+  cell's config and records, named ``PATH/CELL``."""
+  run = load_run(path)
+  meta = _read_json(os.path.join(path, "config.json"), [], required=False) or {}
+  cells = meta.get("cells")
+  if not isinstance(cells, list):
+    return [run]
+  out = []
+  for c in cells:
+    if not isinstance(c, dict) or not isinstance(c.get("config"), dict):
+      continue
+    name = str(c.get("name"))
+    parts = run.partition
+    if isinstance(parts, dict) and isinstance(parts.get("seeds"), list):
+      parts = {**parts, "seeds": [e for e in parts["seeds"]
+                                  if isinstance(e, dict) and e.get("cell") == name]}
+    out.append(Run(os.path.join(path, name), c["config"], run.resolved,
+                   [r for r in run.records if r.get("cell") == name], parts,
+                   list(run.problems) if not out else []))
+  return out
 
 
 RUN_MARKERS = ("metrics.jsonl", "config.json")

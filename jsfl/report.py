@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from jsfl.reading import Run, find_run_dirs, is_number, load_run
+from jsfl.reading import Run, find_run_dirs, is_number, load_runs
 from jsfl.statistics import (
   across_seeds,
   best_ma_figures,
@@ -322,7 +322,7 @@ def _row(group: Group, last: int, best_ma: int = 0) -> Row:
 def _load(paths: Sequence[str], by: Sequence[str] | None) -> tuple[list[Run], list[str]]:
   """The runs under ``paths`` that have records, and every problem met."""
   dirs, problems = find_run_dirs(paths)
-  runs = [load_run(d) for d in dirs]
+  runs = [r for d in dirs for r in load_runs(d)]
   for r in runs:
     problems += r.problems
   runs = [r for r in runs if r.records]

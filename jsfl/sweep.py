@@ -34,15 +34,16 @@ the run returned; a rerun skips finished cells, resumes a partial one that
 has ``checkpoints/`` (where :func:`jsfl.runner.resume` exists) and reruns any
 other partial one from scratch.
 
-Seed blocks: cells whose resolved configs differ only in ``run.seed`` /
-``run.seeds`` and whose seed ranges are contiguous and disjoint (e.g. a grid
-over ``run.seed = [0, 5, 10]`` with ``run.seeds = 5``) run as one program over
-the union of their seeds (the seed axis of one compiled program) in
-``out_dir/name/.batch-<hash>``; its records are then split back into the
-cells' own directories by seed and the batch directory is removed.  Any other
-difference (a learning rate, a method, a partition) is static to the compiled
-round, so those cells compile one program each; they run in one process, so
-the interpreter, jax and the compilation machinery start once.
+Programs: cells whose resolved configs agree on their static signature
+(:mod:`jsfl.slots`: everything but seeds, batchable values such as the
+learning rate or FedProx's mu, and partition options other than
+``num_clients``) train as the slots of one compiled program in
+``out_dir/name/.batch-<hash>``; its records carry their cell's name and are
+split back into the cells' own directories when it finishes, and the batch
+directory is removed.  Cells that differ in a static option (method, model,
+cut, clients, heads, ...) form one program per signature.  ``exec.max_slots``
+(or, at 0, an estimate of the device's memory) caps the slots of a program;
+a larger group is cut into several programs, whole cells each.
 """
 
 from __future__ import annotations
@@ -78,9 +79,9 @@ BATCH_PREFIX = ".batch-"
 # cell's config with the one its directory holds, and when merging cells.
 WHERE_FIELDS = (("run", "dir"), ("run", "name"), ("run", "out_dir"), ("exec", "progress"))
 # Methods whose random draws would depend on the padded client width, so a
-# merged run's wider table would change a seed's numbers: their seed blocks
-# run one program each.  Empty since MultiSFL's replay pool draws per client
-# row (tests/test_multisfl.py::test_class_pool_ignores_padding_width).
+# program's wider table would change a slot's numbers: each of their cells
+# runs alone.  Empty since MultiSFL's replay pool draws per client row
+# (tests/test_multisfl.py::test_class_pool_ignores_padding_width).
 UNBATCHABLE_METHODS: frozenset = frozenset()
 NAME_LIMIT = 200
 
@@ -121,7 +122,8 @@ class Sweep:
 
 @dataclasses.dataclass
 class Unit:
-  """What one call of the runner trains: one cell, or a seed block of cells."""
+  """What one call of the runner trains: one cell, or several cells as the
+  slots of one program."""
 
   cells: list[Cell]
   cfg: dict
@@ -130,6 +132,15 @@ class Unit:
   @property
   def batched(self) -> bool:
     return len(self.cells) > 1
+
+  @property
+  def slots(self) -> int:
+    return sum(len(c.seeds) for c in self.cells)
+
+  def cell_configs(self) -> list[tuple[str, dict]] | None:
+    """``(name, config)`` of every cell for :func:`jsfl.runner.run`; None for
+    a single cell (it runs in its own directory, as ``jsfl run`` would)."""
+    return [(c.name, c.cfg) for c in self.cells] if self.batched else None
 
 
 # ---------------------------------------------------------------------------
@@ -342,9 +353,21 @@ def parse_shard(text: str) -> tuple[int, int]:
   return i, n
 
 
-def shard(cells: list[Cell], i: int, n: int) -> list[Cell]:
-  """Cells ``i, i + n, i + 2n, ...``: every cell in exactly one of n shards."""
-  return cells[i::n]
+def shard(units: list[Unit], i: int, n: int) -> list[Unit]:
+  """Shard ``i`` of ``n``: programs ``i, i + n, ...`` of :func:`plan` over
+  every cell (finished or not, so shards never shift as cells finish).  With
+  fewer programs than shards the largest are cut in halves, whole cells
+  each, until every shard has one or no program is left to cut."""
+  units = list(units)
+  while len(units) < n:
+    big = max(range(len(units)), key=lambda k: (len(units[k].cells) > 1, units[k].slots),
+              default=None)
+    if big is None or len(units[big].cells) < 2:
+      break
+    u = units.pop(big)
+    half = len(u.cells) // 2
+    units[big:big] = [_unit(u.cells[:half], u.dir), _unit(u.cells[half:], u.dir)]
+  return units[i::n]
 
 
 # ---------------------------------------------------------------------------
@@ -402,45 +425,63 @@ def status(cell: Cell) -> str:
   return "partial" if _started(cell.dir) else "todo"
 
 
-def _batch_dir(sweep: Sweep, cells: list[Cell]) -> str:
+def _batch_dir(root: str, cells: list[Cell]) -> str:
   digest = hashlib.sha1("\n".join(c.name for c in cells).encode()).hexdigest()[:12]
-  return os.path.join(sweep.root, BATCH_PREFIX + digest)
+  return os.path.join(root, BATCH_PREFIX + digest)
 
 
-def plan(sweep: Sweep, cells: list[Cell]) -> list[Unit]:
-  """The runs that train the unfinished ``cells``, in cell order.
+def _unit(cells: list[Cell], root_or_dir: str) -> Unit:
+  """The unit of ``cells``: a single cell in its own directory, several in a
+  batch directory beside them named by their names."""
+  if len(cells) == 1:
+    return Unit(cells, cells[0].cfg, cells[0].dir)
+  root = (os.path.dirname(root_or_dir) if os.path.basename(root_or_dir).startswith(
+      BATCH_PREFIX) else root_or_dir)
+  d = _batch_dir(root, cells)
+  cfg = copy.deepcopy(cells[0].cfg)
+  cfg["run"]["dir"] = d
+  return Unit(cells, cfg, d)
 
-  Cells whose configs agree on everything but ``run.seed`` / ``run.seeds``
-  (and where they run) merge when their seed ranges are contiguous and
-  disjoint: sorted by first seed, each starts where the previous one ends.
+
+def plan(sweep: Sweep, cells: list[Cell], max_slots: int | None = None,
+         per_cell: bool = False) -> list[Unit]:
+  """The programs that train ``cells``, in cell order (status not read).
+
+  Cells of one static signature (:func:`jsfl.slots.signature`) share a
+  program; a program holds at most ``exec.max_slots`` slots (``max_slots``
+  overrides it, e.g. from the memory estimate), so a larger group is cut
+  into several, whole cells each (a cell with more seeds runs alone).
+  ``per_cell``: every cell its own program.
   """
+  from jsfl import slots
   groups: dict[str, list[Cell]] = {}
   for c in cells:
-    if status(c) != "done":
-      key = json.dumps(_comparable(c.cfg, drop_seeds=True), sort_keys=True, default=str)
-      groups.setdefault(key, []).append(c)
+    key = (slots.signature(c.cfg) if c.cfg["method"]["name"] not in UNBATCHABLE_METHODS
+           and not per_cell else f"alone:{c.index}")
+    groups.setdefault(key, []).append(c)
   units = []
   for group in groups.values():
-    chains: list[list[Cell]] = []
-    for c in sorted(group, key=lambda c: (c.cfg["run"]["seed"], c.index)):
-      prev = chains[-1][-1] if chains else None
-      if (prev is not None and c.cfg["method"]["name"] not in UNBATCHABLE_METHODS
-          and c.seeds.start == prev.seeds.stop):
-        chains[-1].append(c)
-      else:
-        chains.append([c])
-    for chain in chains:
-      if len(chain) == 1:
-        units.append(Unit(chain, chain[0].cfg, chain[0].dir))
-        continue
-      chain.sort(key=lambda c: c.seeds.start)
-      d = _batch_dir(sweep, chain)
-      cfg = copy.deepcopy(chain[0].cfg)
-      cfg["run"]["seeds"] = chain[-1].seeds.stop - chain[0].seeds.start
-      cfg["run"]["dir"] = d
-      units.append(Unit(chain, cfg, d))
+    cap = max_slots or group[0].cfg["exec"]["max_slots"] or math.inf
+    chunk: list[Cell] = []
+    for c in group:
+      if chunk and sum(len(x.seeds) for x in chunk) + len(c.seeds) > cap:
+        units.append(_unit(chunk, sweep.root))
+        chunk = []
+      chunk.append(c)
+    units.append(_unit(chunk, sweep.root))
   units.sort(key=lambda u: min(c.index for c in u.cells))
   return units
+
+
+def pending(units: list[Unit]) -> list[Unit]:
+  """``units`` without their finished cells (a program whose cells are all
+  done is dropped; one with some done trains the rest)."""
+  out = []
+  for u in units:
+    todo = [c for c in u.cells if status(c) != "done"]
+    if todo:
+      out.append(u if len(todo) == len(u.cells) else _unit(todo, u.dir))
+  return out
 
 
 # ---------------------------------------------------------------------------
@@ -461,103 +502,156 @@ def _mark_done(run_dir: str) -> None:
     f.write(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
 
 
-def _filter_seeds(obj, seeds):
-  """A method artifact or partition.json with only ``seeds``' entries."""
+def _filter_cell(obj, name):
+  """A partition.json with only cell ``name``'s entries (without the name)."""
   if isinstance(obj, dict) and isinstance(obj.get("seeds"), list) and all(
       isinstance(e, dict) and "seed" in e for e in obj["seeds"]):
-    return {**obj, "seeds": [e for e in obj["seeds"] if e["seed"] in seeds]}
+    return {**obj, "seeds": [{k: v for k, v in e.items() if k != "cell"}
+                             for e in obj["seeds"] if e.get("cell") == name]}
   return obj
 
 
-def split_batch(unit: Unit) -> None:
-  """Writes each cell of a finished seed block into its own run directory.
+def split_batch(unit: Unit) -> list[str]:
+  """Writes each cell of a finished program into its own run directory.
 
-  metrics.jsonl keeps the block's lines of the cell's seeds byte for byte;
-  partition.json and method artifacts keep the cell's seeds; config.json gets
-  the cell's run.seed / run.seeds / run.dir and a ``batched_with`` note;
-  summary.json is recomputed as the runner computes it.  Each cell appears
-  complete (with ``.done``) or not at all: it is built aside and renamed.
+  metrics.jsonl keeps the program's lines of the cell byte for byte (they
+  carry ``cell``); partition.json and method artifacts are the cell's;
+  config.json is the cell's own config with a ``batched_with`` note;
+  summary.json is computed as the runner computes it.  A cell whose slot
+  diverged keeps the records before (with ``run.on_divergence = stop_run``
+  only up to the round the divergence stopped it at), its summary names the
+  seeds, and it gets no ``.done``.  Each cell appears complete or not at
+  all: it is built aside and renamed.
+
+  Returns:
+    The names of the cells that diverged.
   """
-  from jsfl.statistics import summarize
+  from jsfl import runner
   src = unit.dir
   meta = _read_json(os.path.join(src, "config.json"))
+  summ = _read_json(os.path.join(src, "summary.json")) or {}
+  own = {c["name"]: c["config"] for c in meta.get("cells", [])}
   lines = []
   with open(os.path.join(src, "metrics.jsonl")) as f:
     for line in f:
       try:
-        lines.append((json.loads(line)["seed"], line))
+        lines.append((json.loads(line)["cell"], line))
       except (ValueError, KeyError, TypeError):
-        continue  # not a record (the runner writes none such; a tool might)
+        continue  # not a record of a cell (the runner writes none such; a tool might)
   files = sorted(n for n in os.listdir(src) if n.endswith(".json") and os.path.isfile(
       os.path.join(src, n)) and n not in ("config.json", "summary.json"))
+  diverged_cells = []
   for cell in unit.cells:
-    seeds = set(cell.seeds)
+    diverged = {e["seed"]: e["round"] for e in summ.get("diverged", ())
+                if e.get("cell") == cell.name}
     tmp = f"{cell.dir}.split{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     m = copy.deepcopy(meta)
-    m["config"]["run"].update(seed=cell.seeds.start, seeds=len(cell.seeds), dir=cell.dir)
+    m.pop("cells", None)
+    m["config"] = own.get(cell.name, cell.cfg)
+    m["config"]["run"]["dir"] = cell.dir
     m.setdefault("resolved", {})["seeds"] = list(cell.seeds)
     m["batched_with"] = {
         "cells": [c.name for c in unit.cells if c is not cell],
-        "seed": unit.cfg["run"]["seed"], "seeds": unit.cfg["run"]["seeds"],
-        "note": ("ran as one program over the seeds of these cells (jsfl sweep); "
-                 "records split by seed; max_client_size and wall_s are the "
-                 "merged run's")}
+        "slots": unit.slots,
+        "note": ("ran as slots of one program with these cells (jsfl sweep); records "
+                 "split by cell; max_client_size and wall_s are the program's")}
     rundir.write_json_atomic(os.path.join(tmp, "config.json"), m)
     for n in files:
       rundir.write_json_atomic(os.path.join(tmp, n),
-                               _filter_seeds(_read_json(os.path.join(src, n)), seeds))
-    mine = [line for s, line in lines if s in seeds]
+                               _filter_cell(_read_json(os.path.join(src, n)), cell.name))
+    art = os.path.join(src, runner.CELL_ARTIFACTS, cell.name)
+    for n in sorted(os.listdir(art)) if os.path.isdir(art) else ():
+      shutil.copyfile(os.path.join(art, n), os.path.join(tmp, n))
+    mine = [line for c, line in lines if c == cell.name]
+    if diverged and cell.cfg["run"]["on_divergence"] == "stop_run":
+      stop = min(diverged.values())  # where a run of this cell alone would have stopped
+      mine = [line for line in mine if json.loads(line)["round"] <= stop]
     with open(os.path.join(tmp, "metrics.jsonl"), "w") as f:
       f.writelines(mine)
-    records = [json.loads(line) for line in mine]
-    rundir.write_json_atomic(os.path.join(tmp, "summary.json"), {
-        "method": cell.cfg["method"]["name"],
-        "rounds_evaluated": max(r["round"] for r in records),
-        "seeds": sorted({r["seed"] for r in records}), **summarize(records)})
-    _mark_done(tmp)
+    records = [{k: v for k, v in json.loads(line).items() if k != "cell"} for line in mine]
+    rundir.write_json_atomic(os.path.join(tmp, "summary.json"),
+                             runner._summary(cell.cfg, records, diverged))
+    if diverged:
+      diverged_cells.append(cell.name)
+    else:
+      _mark_done(tmp)
     if os.path.exists(cell.dir):
       shutil.rmtree(cell.dir)
     os.rename(tmp, cell.dir)
+  return diverged_cells
 
 
 def _train(unit: Unit, log) -> None:
-  """Runs, resumes or finishes one unit and marks it done."""
+  """Runs, resumes or finishes one unit and marks its cells done.
+
+  Raises:
+    Diverged: a slot diverged; in a program of several cells the others
+      are split out and done first, and the message names the cells.
+  """
   from jsfl import runner
   d, rounds = unit.dir, unit.cfg["run"]["rounds"]
-  if unit.batched and finished(d, rounds):
-    log("  seed block already trained; splitting it")
+  diverged = None
+  if unit.batched and finished_run(d, rounds):
+    log("  program already trained; splitting it")
   else:
     resume = getattr(runner, "resume", None)
     resumed = False
     if (resume is not None and os.path.isdir(os.path.join(d, "checkpoints"))
-        and config_diff(d, unit.cfg) == []):
+        and config_diff(d, unit.cfg) == [] and _same_cells(d, unit)):
       log(f"  resuming {d}")
       kwargs = ({"progress": False} if not unit.cfg["exec"]["progress"]
                 and "progress" in inspect.signature(resume).parameters else {})
       try:
         resume(d, **kwargs)
         resumed = True
-      except (RunDirError, Diverged):  # another process writes it / a real result
+      except RunDirError:  # another process writes it
         raise
+      except Diverged as e:
+        if not unit.batched:
+          raise
+        diverged, resumed = e, True
       except Exception as e:  # noqa: BLE001 - a broken checkpoint costs a rerun, not the sweep
         log(f"  resume failed ({type(e).__name__}: {e}); rerunning from scratch")
     if not resumed:
       if os.path.exists(d):
         rundir.RunLock(d).acquire().release()  # never delete a run another process writes
         shutil.rmtree(d)  # a partial run we cannot continue
-      runner.run(unit.cfg)
-    if not finished_run(d, rounds):
+      try:
+        runner.run(unit.cfg, cells=unit.cell_configs())
+      except Diverged as e:
+        if not unit.batched:
+          raise
+        diverged = e
+    if diverged is None and not finished_run(d, rounds):
       raise RuntimeError(f"{d}: the run returned before evaluating round {rounds}")
-    _mark_done(d)
-  if unit.batched:
-    split_batch(unit)
-    shutil.rmtree(d)
-    try:
-      os.remove(d + ".json")
-    except FileNotFoundError:
-      pass
+    if not unit.batched:
+      _mark_done(d)
+      return
+  bad = split_batch(unit)
+  shutil.rmtree(d)
+  try:
+    os.remove(d + ".json")
+  except FileNotFoundError:
+    pass
+  if bad:
+    raise Diverged(f"cell{'s' * (len(bad) > 1)} {', '.join(bad)} diverged (non-finite "
+                   "loss or parameters; see their summary.json); the program's other "
+                   "cells are done; allowed: a smaller optim.lr or a stabler method option",
+                   (diverged.diverged if diverged is not None else {}), d)
+
+
+def _same_cells(run_dir: str, unit: Unit) -> bool:
+  """Whether a program's directory holds these cells with these configs."""
+  meta = _read_json(os.path.join(run_dir, "config.json")) or {}
+  have = meta.get("cells")
+  if not unit.batched:
+    return have is None
+  if not isinstance(have, list) or [c.get("name") for c in have] != [
+      c.name for c in unit.cells]:
+    return False
+  return all(_comparable(h["config"]) == _comparable(c.cfg) for h, c in zip(have, unit.cells))
 
 
 def _accuracy_text(run_dir: str) -> str:
@@ -570,16 +664,36 @@ def _accuracy_text(run_dir: str) -> str:
   return f"accuracy {acc['median']:.2f}{spread}"
 
 
-def validate_units(sweep: Sweep, units: list[Unit]) -> None:
+def validate_units(sweep: Sweep, units: list[Unit], log=None) -> list[Unit]:
   """Checks what only the data, model and method can check (their options)
-  with :func:`jsfl.runner.prepare`, for every unit, before anything runs."""
+  with :func:`jsfl.runner.prepare`, for every program, before anything
+  runs; then the memory guard: a program whose slots would not fit the
+  device (:func:`jsfl.runner.fitting_slots`; ``exec.max_slots`` set skips
+  the estimate) is cut into programs that do, whole cells each.
+
+  Returns:
+    The programs to run.
+  """
   from jsfl import runner
+  out = []
   for u in units:
     try:
-      runner.prepare(u.cfg)
+      exp = runner.prepare(u.cfg, u.cell_configs())
     except UserError as e:
-      names = ", ".join(c.name for c in u.cells)
+      names = getattr(e, "cell", None) or ", ".join(c.name for c in u.cells)
       raise SweepError(f"sweep {sweep.path}, cell {names}: {e}") from None
+    fit = u.slots if u.cfg["exec"]["max_slots"] else runner.fitting_slots(exp)
+    if u.slots <= fit or not u.batched:
+      out.append(u)
+      continue
+    parts = plan(sweep, u.cells, max_slots=max(fit, 1))
+    if log is not None:
+      log(f"memory guard: {u.slots} slots of {u.cells[0].name} and {len(u.cells) - 1} "
+          f"more cells would not fit the device (about {fit} do: "
+          f"{runner.memory_text(exp)}); running them as {len(parts)} programs; set "
+          "exec.max_slots to choose")
+    out += parts
+  return out
 
 
 def run_units(sweep: Sweep, units: list[Unit], log) -> list[str]:
@@ -588,23 +702,24 @@ def run_units(sweep: Sweep, units: list[Unit], log) -> list[str]:
   failed = []
   for i, u in enumerate(units):
     names = ", ".join(c.name for c in u.cells)
-    log(f"[{i + 1}/{len(units)}] {names}: seeds {_seed_text(_unit_seeds(u))}")
-    if u.batched:  # which cells a block holds, for --collect while it runs
+    slots = f" ({u.slots} slots of one program)" if u.batched else ""
+    log(f"[{i + 1}/{len(units)}] {names}: seeds {_seed_text(_unit_seeds(u))}{slots}"
+        if not u.batched else f"[{i + 1}/{len(units)}] {len(u.cells)} cells{slots}: {names}")
+    if u.batched:  # which cells a program holds, for --collect while it runs
       rundir.write_json_atomic(u.dir + ".json", {"cells": [c.name for c in u.cells]})
     try:
       _train(u, log)
     except UserError as e:  # a diverged cell, a locked directory: one line
-      log(f"  FAILED {names}: {' '.join(str(e).split())}")
-      failed += [c.name for c in u.cells]
-      continue
+      log(f"  FAILED {names if not u.batched else 'program'}: {' '.join(str(e).split())}")
     except Exception as e:  # noqa: BLE001 - one failing cell must not stop the others
       import traceback
       traceback.print_exc()
       log(f"  FAILED {names}: {type(e).__name__}: {e}")
-      failed += [c.name for c in u.cells]
-      continue
     for c in u.cells:
-      log(f"  done {c.name}: {_accuracy_text(c.dir)} ({c.dir})")
+      if status(c) == "done":
+        log(f"  done {c.name}: {_accuracy_text(c.dir)} ({c.dir})")
+      else:
+        failed.append(c.name)
   return failed
 
 
@@ -615,9 +730,9 @@ def run_units(sweep: Sweep, units: list[Unit], log) -> list[str]:
 def collect(sweep: Sweep):
   """One report over every cell with metrics, finished or not.
 
-  Seed blocks still training are read from their batch directory.  Cells
-  that differ only in run.seed / run.seeds pool into one row (as
-  ``jsfl report`` pools them); every other cell is its own row.
+  Programs still training are read from their batch directory, a run per
+  cell.  Cells that differ only in run.seed / run.seeds pool into one row
+  (as ``jsfl report`` pools them); every other cell is its own row.
 
   Returns:
     The :class:`jsfl.report.Report`; cells without a run are listed in its
@@ -632,7 +747,7 @@ def collect(sweep: Sweep):
       continue
     names = set(block.get("cells", ()))
     if not any(_started(c.dir) for c in sweep.cells if c.name in names):
-      paths.append(d)  # still training (or killed): its seeds, not yet split
+      paths.append(d)  # still training (or killed): its cells, not yet split
       covered |= names
   for c in sweep.cells:
     if any(os.path.exists(os.path.join(c.dir, m)) for m in reading.RUN_MARKERS):
@@ -650,15 +765,16 @@ def collect(sweep: Sweep):
 
 
 def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
-         dry_run: bool = False, quiet: bool = False) -> int:
+         dry_run: bool = False, quiet: bool = False, per_cell: bool = False) -> int:
   """``jsfl sweep``: runs (or lists, or collects) a sweep's cells.
 
   Args:
     path: the sweep file.
-    shard_spec: ``"i/n"``: only cells ``i, i + n, ...``.
+    shard_spec: ``"i/n"``: only programs ``i, i + n, ...`` (:func:`shard`).
     collect_only: report every cell into ``out_dir/name/collected`` instead.
     dry_run: list the cells with their status and what would run.
     quiet: no progress bars.
+    per_cell: every cell its own program (no slots shared across cells).
 
   Returns:
     The exit code: 0, or 1 when a cell failed (the others still ran).
@@ -686,15 +802,15 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
     return 0
   i, n = parse_shard(shard_spec) if shard_spec is not None else (0, 1)
   resolve(sweep)
-  mine = shard(sweep.cells, i, n)
   if quiet:
-    for c in mine:
+    for c in sweep.cells:
       c.cfg["exec"]["progress"] = False
-  units = plan(sweep, mine)
+  programs = shard(plan(sweep, sweep.cells, per_cell=per_cell), i, n)
+  mine = sorted((c for u in programs for c in u.cells), key=lambda c: c.index)
   if dry_run:
-    _print_plan(sweep, mine, units, (i, n), log)
+    _print_plan(sweep, mine, programs, (i, n), log)
     return 0
-  validate_units(sweep, units)
+  units = validate_units(sweep, pending(programs), log)
   for c in mine:
     if status(c) == "done":
       diff = config_diff(c.dir, c.cfg)
@@ -704,7 +820,8 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
   done = len(mine) - sum(len(u.cells) for u in units)
   log(f"sweep {sweep.name}: {len(mine)} cells" + (f" (shard {i}/{n} of {len(sweep.cells)})"
                                                   if n > 1 else "")
-      + f", {done} done, {len(units)} run{'s' * (len(units) != 1)} to go -> {sweep.root}")
+      + f", {done} done, {len(units)} program{'s' * (len(units) != 1)} to go -> "
+      f"{sweep.root}")
   failed = run_units(sweep, units, log)
   if failed:
     print(f"jsfl: error: {len(failed)} cell{'s' * (len(failed) != 1)} failed: "
@@ -713,22 +830,30 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
   return 0
 
 
-def _print_plan(sweep, mine, units, shard_in, log) -> None:
+def _print_plan(sweep, mine, programs, shard_in, log) -> None:
+  """Cells -> programs: each program with its slots, each cell with its
+  status and seeds."""
   i, n = shard_in
-  unit_of = {c.name: u for u in units for c in u.cells}
-  log(f"sweep {sweep.name}: {len(sweep.cells)} cells"
-      + (f", shard {i}/{n}: {len(mine)}" if n > 1 else "") + f" -> {sweep.root}")
+  log(f"sweep {sweep.name}: {len(sweep.cells)} cells in {len(programs)} program"
+      f"{'s' * (len(programs) != 1)}" + (f" (shard {i}/{n}: {len(mine)} cells)" if n > 1
+                                         else "") + f" -> {sweep.root}")
   width = max(len(c.name) for c in mine) if mine else 0
-  for c in mine:
-    st = status(c)
-    u = unit_of.get(c.name)
-    note = ""
-    if u is not None and u.batched:
-      st = "partial" if _started(u.dir) else st
-      note = (f"  batched: seeds {_seed_text(c.seeds)} of one run over "
-              f"{_seed_text(_unit_seeds(u))} with {len(u.cells) - 1} other "
-              f"cell{'s' * (len(u.cells) != 2)}")
-    elif st == "partial" and os.path.isdir(os.path.join(c.dir, "checkpoints")):
-      note = "  has checkpoints/ (resumed where jsfl.runner.resume exists)"
-    log(f"  {st:<8} {c.name:<{width}}{note}".rstrip())
-  log(f"{len(units)} run{'s' * (len(units) != 1)} to go")
+  to_go = pending(programs)
+  for k, u in enumerate(programs):
+    cfg = u.cells[0].cfg
+    what = f"{cfg['method']['name']}, {cfg['model']['name']}, {cfg['dataset']['name']}"
+    log(f"program {k + 1}: {len(u.cells)} cell{'s' * (len(u.cells) != 1)}, {u.slots} "
+        f"slot{'s' * (u.slots != 1)} ({what})")
+    for c in u.cells:
+      st = status(c)
+      note = f"  seeds {_seed_text(c.seeds)}"
+      if st != "done" and u.batched and _started(u.dir):
+        st = "partial"
+      elif st == "partial" and os.path.isdir(os.path.join(c.dir, "checkpoints")):
+        note += "  has checkpoints/ (resumed)"
+      log(f"  {st:<8} {c.name:<{width}}{note}".rstrip())
+  cap = {u.cells[0].cfg["exec"]["max_slots"] for u in programs}
+  if cap == {0}:
+    log("(exec.max_slots = 0: a program too large for the device's memory is cut when "
+        "the sweep runs)")
+  log(f"{len(to_go)} program{'s' * (len(to_go) != 1)} to go")

@@ -1,4 +1,4 @@
-"""``jsfl sweep``: expansion, shards, validation, skipping, seed blocks, collect."""
+"""``jsfl sweep``: expansion, programs of slots, shards, validation, skipping, collect."""
 
 import json
 import os
@@ -90,16 +90,30 @@ def test_shards_are_disjoint_and_cover_the_grid(tmp_path, capsys):
 "optim.lr" = [0.01, 0.02, 0.03]
 "method.batch_size" = [8, 16, 32, 64]
 """)
-  cells = sweep.load_sweep(path).cells
-  for n in (1, 2, 3, 5, 12, 13):
-    shards = [[c.index for c in sweep.shard(cells, i, n)] for i in range(n)]
+  sw = sweep.load_sweep(path)
+  sweep.resolve(sw)
+  programs = sweep.plan(sw, sw.cells)
+  # lr is batchable, the batch size static: one program of 3 lrs per batch size
+  assert [[c.index for c in u.cells] for u in programs] == [[0, 4, 8], [1, 5, 9],
+                                                             [2, 6, 10], [3, 7, 11]]
+  for n in (1, 2, 3, 4, 5, 12, 13):
+    shards = [[c.index for u in sweep.shard(programs, i, n) for c in u.cells]
+              for i in range(n)]
     flat = sorted(i for s in shards for i in s)
     assert flat == list(range(12))  # every cell once
-    assert all(s == list(range(i, 12, n)) for i, s in enumerate(shards))
+    if n <= 4:  # programs first: none is cut
+      assert all(s == [k for p in programs[i::n] for k in (c.index for c in p.cells)]
+                 for i, s in enumerate(shards))
+    else:  # more shards than programs: the largest are cut, whole cells each
+      assert all(shards) if n <= 12 else sum(map(bool, shards)) == 12
+  # a shard does not depend on which cells have finished
+  assert [c.index for u in sweep.shard(programs, 1, 5) for c in u.cells] == \
+      [c.index for u in sweep.shard(sweep.plan(sw, sw.cells), 1, 5) for c in u.cells]
   assert cli.main(["sweep", path, "--dry-run", "--shard", "1/5"]) == 0
   out = capsys.readouterr().out
   listed = [line.split()[1] for line in out.splitlines() if line.startswith("  todo")]
-  assert listed == [cells[1].name, cells[6].name, cells[11].name]
+  mine = [sw.cells[c.index].name for u in sweep.shard(programs, 1, 5) for c in u.cells]
+  assert listed == mine and len(mine) >= 2
   assert not os.path.exists(tmp_path / "out")
 
 
@@ -218,7 +232,7 @@ def test_rerun_skips_finished_cells(ran, monkeypatch, capsys):
   monkeypatch.setattr(runner, "run", _fake_run(calls))
   assert cli.main(["sweep", path, "--quiet"]) == 0
   assert calls == [] and tree(sw.root) == before
-  assert "2 cells, 2 done, 0 runs to go" in capsys.readouterr().out
+  assert "2 cells, 2 done, 0 programs to go" in capsys.readouterr().out
 
 
 def test_partial_cells_are_resumed_or_rerun(tmp_path, monkeypatch, capsys):
@@ -287,8 +301,8 @@ NUMERIC = ("accuracy", "loss", "pg", "bw", "train_loss", "bytes_up", "bytes_down
            "bytes_up_total", "bytes_down_total", "samples", "lr")
 
 
-def test_seed_blocks_merge_into_one_run_equal_to_single_runs(tmp_path, monkeypatch):
-  # Dirichlet clients of unequal sizes: the merged run pads every seed to the
+def test_cells_of_one_program_equal_single_runs(tmp_path, monkeypatch):
+  # Dirichlet clients of unequal sizes: the program pads every slot to the
   # widest client of all four seeds, a single run to its own two.
   path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
 [grid]
@@ -298,18 +312,19 @@ def test_seed_blocks_merge_into_one_run_equal_to_single_runs(tmp_path, monkeypat
   real_run, calls = runner.run, []
 
   def counting_run(cfg, exp=None, **kw):
-    calls.append(cfg)
+    calls.append((cfg, kw.get("cells")))
     return real_run(cfg, exp, **kw)
 
   monkeypatch.setattr(runner, "run", counting_run)
   assert cli.main(["sweep", path, "--quiet"]) == 0
   sw = sweep.load_sweep(path)
   sweep.resolve(sw)
-  assert len(calls) == 1 and calls[0]["run"]["seed"] == 0 and calls[0]["run"]["seeds"] == 4
-  assert sorted(os.listdir(sw.root)) == ["run.seed=0", "run.seed=2"]  # block removed
+  assert len(calls) == 1 and [n for n, _ in calls[0][1]] == ["run.seed=0", "run.seed=2"]
+  assert sorted(os.listdir(sw.root)) == ["run.seed=0", "run.seed=2"]  # program removed
   cell = sw.cells[1]
   merged = read_metrics(f"{cell.dir}/metrics.jsonl")
   assert [(r["round"], r["seed"]) for r in merged] == [(1, 2), (1, 3), (2, 2), (2, 3)]
+  assert {r["cell"] for r in merged} == {cell.name}
 
   single = tmp_path / "single"
   assert cli.main(["run", *sweep.overrides(sw, cell, str(single)), "--quiet"]) == 0
@@ -332,51 +347,52 @@ def test_seed_blocks_merge_into_one_run_equal_to_single_runs(tmp_path, monkeypat
   meta = load(f"{cell.dir}/config.json")
   assert meta["config"]["run"]["seed"] == 2 and meta["config"]["run"]["seeds"] == 2
   assert meta["config"]["run"]["dir"] == cell.dir and meta["resolved"]["seeds"] == [2, 3]
-  assert meta["batched_with"]["cells"] == ["run.seed=0"]
-  assert (meta["batched_with"]["seed"], meta["batched_with"]["seeds"]) == (0, 4)
+  assert meta["batched_with"]["cells"] == ["run.seed=0"] and meta["batched_with"]["slots"] == 4
+  assert "cells" not in meta
   assert sweep.config_diff(cell.dir, load(f"{single}/config.json")["config"]) == []
   assert all(sweep.status(c) == "done" for c in sw.cells)
 
 
-def test_plan_merges_only_contiguous_disjoint_seed_ranges(tmp_path):
+def test_plan_groups_cells_by_static_signature(tmp_path):
   path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
 [grid]
 "optim.lr" = [0.1, 0.2]
 "run.seed" = [0, 2, 6]
 [[cells]]
-"run.seed" = 4
-"run.seeds" = 2
-"optim.lr" = 0.1
-[[cells]]
 "run.seed" = 1
 "run.seeds" = 1
-"optim.lr" = 0.2
+"partition.name" = "dirichlet"
+"partition.alpha" = 0.3
 [[cells]]
 "run.seed" = 0
-"optim.lr" = 0.1
 "method.name" = "multisfl"
+"method.alpha" = 0.5
 [[cells]]
-"run.seed" = 2
-"optim.lr" = 0.1
+"run.seed" = 0
 "method.name" = "multisfl"
+"method.replay" = "off"
+[[cells]]
+"method.batch_size" = 8
 """, base=BASE + '"run.seeds" = 2\n')
   sw = sweep.load_sweep(path)
   sweep.resolve(sw)
   units = sweep.plan(sw, sw.cells)
-  got = [[c.name for c in u.cells] for u in units]
-  assert got == [
-      # lr 0.1: 0-1, 2-3, 4-5 ([[cells]]), 6-7 chain into one run of seeds 0-7
-      ["optim.lr=0.1,run.seed=0", "optim.lr=0.1,run.seed=2", "run.seed=4,run.seeds=2,optim.lr=0.1",
-       "optim.lr=0.1,run.seed=6"],
-      # lr 0.2: 0-1 and 1 overlap, 2-3 follows 1; 6-7 leaves a gap
-      ["optim.lr=0.2,run.seed=0"],
-      ["run.seed=1,run.seeds=1,optim.lr=0.2", "optim.lr=0.2,run.seed=2"],
-      ["optim.lr=0.2,run.seed=6"],
-      # MultiSFL's seed blocks merge like any other method's
-      ["run.seed=0,optim.lr=0.1,method=multisfl", "run.seed=2,optim.lr=0.1,method=multisfl"]]
-  assert (units[0].cfg["run"]["seed"], units[0].cfg["run"]["seeds"]) == (0, 8)
+  got = [[c.index for c in u.cells] for u in units]
+  # lrs, seeds (overlapping too) and partition draws share SFL's program;
+  # MultiSFL's alpha is batchable, its replay mode and SFL's batch size static
+  assert got == [[0, 1, 2, 3, 4, 5, 6], [7], [8], [9]]
+  assert units[0].slots == 13 and units[0].batched
   assert os.path.basename(units[0].dir).startswith(".batch-")
-  assert units[1].dir == sw.cells[3].dir and units[1].cfg is sw.cells[3].cfg
+  assert units[1].dir == sw.cells[7].dir and units[1].cfg is sw.cells[7].cfg
+  assert units[1].cell_configs() is None
+  # exec.max_slots cuts a program, whole cells each
+  for c in sw.cells:
+    c.cfg["exec"]["max_slots"] = 4
+  capped = sweep.plan(sw, sw.cells)
+  assert [[c.index for c in u.cells] for u in capped][:4] == [[0, 1], [2, 3], [4, 5], [6]]
+  assert all(u.slots <= 4 for u in capped)
+  # the program's directory is named by its cells
+  assert len({u.dir for u in capped}) == len(capped)
 
 
 def test_collect_makes_one_row_per_cell(ran, capsys, tmp_path):
@@ -417,7 +433,9 @@ def test_dry_run_lists_statuses_and_writes_nothing(ran, capsys):
   capsys.readouterr()
   assert cli.main(["sweep", path, "--dry-run"]) == 0
   lines = capsys.readouterr().out.splitlines()
-  assert [line.split()[:2] for line in lines[1:4]] == [
-      ["done", "method=sfl"], ["done", "method=fedavg"], ["todo", "method=splitfedv1"]]
-  assert lines[-1] == "1 run to go"
+  cells = [line.split()[:2] for line in lines if line.startswith("  ")]
+  assert cells == [["done", "method=sfl"], ["done", "method=fedavg"],
+                   ["todo", "method=splitfedv1"]]
+  assert sum(line.startswith("program ") for line in lines) == 3
+  assert lines[-1] == "1 program to go"
   assert tree(sw.root) == before
