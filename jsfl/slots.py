@@ -27,8 +27,10 @@ from jsfl import config as config_lib
 from jsfl.methods.registry import METHODS
 from jsfl.options import options_of
 
-# Where and how visibly a run runs: never part of what it computes.
-WHERE_FIELDS = (("run", "dir"), ("run", "name"), ("run", "out_dir"), ("exec", "progress"))
+# Where and how visibly a run runs, and how a sweep packs it: never part of
+# what it computes.
+WHERE_FIELDS = (("run", "dir"), ("run", "name"), ("run", "out_dir"), ("exec", "progress"),
+                ("exec", "max_slots"))
 # The partition section's keys that fix array shapes; every other one only
 # changes which samples a client holds.
 PARTITION_STATIC = ("num_clients",)

@@ -439,3 +439,93 @@ def test_dry_run_lists_statuses_and_writes_nothing(ran, capsys):
   assert sum(line.startswith("program ") for line in lines) == 3
   assert lines[-1] == "1 program to go"
   assert tree(sw.root) == before
+
+
+def test_memory_guard_cuts_a_program_in_whole_cells(tmp_path, monkeypatch, capsys):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out",
+                     '[grid]\n"optim.lr" = [0.01, 0.02, 0.03]', base=BASE + '"run.seeds" = 2\n')
+  sw = sweep.load_sweep(path)
+  sweep.resolve(sw)
+  (program,) = sweep.plan(sw, sw.cells)
+  assert program.slots == 6
+  est = runner.memory_estimate(runner.prepare(program.cfg, program.cell_configs()))
+  assert est["per_slot"] > 0 and est["shared"] > 0 and est["device"] > 0
+  monkeypatch.setattr(runner, "fitting_slots", lambda exp: 4)  # a small device
+  lines = []
+  units = sweep.validate_units(sw, [program], lines.append)
+  assert [[c.index for c in u.cells] for u in units] == [[0, 1], [2]]
+  assert "memory guard: 6 slots" in lines[0] and "exec.max_slots" in lines[0]
+  # exec.max_slots set: no estimate, the user's cap
+  for c in sw.cells:
+    c.cfg["exec"]["max_slots"] = 2
+  assert [[c.index for c in u.cells] for u in sweep.plan(sw, sw.cells)] == [[0], [1], [2]]
+  for c in sw.cells:
+    c.cfg["exec"]["max_slots"] = 6
+  (program,) = sweep.plan(sw, sw.cells)
+  assert sweep.validate_units(sw, [program], lines.append) == [program]  # over the estimate
+
+
+def test_a_diverged_slot_fails_its_cell_only(tmp_path, monkeypatch, capsys):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out",
+                     '[grid]\n"optim.lr" = [0.01, 0.02]',
+                     base=BASE.replace('"run.rounds" = 2', '"run.rounds" = 3')
+                     + '"run.seeds" = 2\n"run.on_divergence" = "stop_run"\n')
+  build = runner.build_programs
+
+  def patched(exp, mesh=None):  # slot 3 (cell lr=0.02, seed 1) diverges in round 2
+    init, rnd, ev = build(exp, mesh)
+    calls = [0]
+
+    def rnd_(state, *args):
+      state, m = rnd(state, *args)
+      calls[0] += 1
+      if calls[0] >= 2 and len(m["finite"]) == 4:
+        m = {**m, "finite": m["finite"].at[3].set(False)}
+      return state, m
+    return init, rnd_, ev
+  monkeypatch.setattr(runner, "build_programs", patched)
+  assert cli.main(["sweep", path, "--quiet"]) == 1
+  err = capsys.readouterr().err
+  assert "1 cell failed: optim.lr=0.02" in err
+  sw = sweep.load_sweep(path)
+  sweep.resolve(sw)
+  ok, bad = sw.cells
+  assert sweep.status(ok) == "done" and sweep.status(bad) == "partial"
+  assert [r["round"] for r in read_metrics(f"{ok.dir}/metrics.jsonl")] == [1, 1, 2, 2, 3, 3]
+  # stop_run: a run of that cell alone would have stopped after round 2
+  assert [(r["round"], r["seed"]) for r in read_metrics(f"{bad.dir}/metrics.jsonl")] == [
+      (1, 0), (1, 1), (2, 0)]
+  summ = load(f"{bad.dir}/summary.json")
+  assert summ["diverged"] == [{"seed": 1, "round": 2}] and summ["seeds"] == [0]
+  assert not [n for n in os.listdir(sw.root) if n.startswith(".batch-")]
+
+
+def test_a_killed_program_resumes_bit_identically(tmp_path, monkeypatch, capsys):
+  body = '[grid]\n"optim.lr" = [0.01, 0.02]'
+  base = (BASE.replace('"run.rounds" = 2', '"run.rounds" = 3')
+          + '"run.seeds" = 2\n"run.checkpoint_every" = 1\n')
+  whole = write_sweep(tmp_path / "a.toml", tmp_path / "a", body, base=base)
+  assert cli.main(["sweep", whole, "--quiet"]) == 0
+  real_update = runner.Progress.update
+
+  def killed(self, r, *a, **kw):  # a SIGKILL in round 2, after its records, before
+    real_update(self, r, *a, **kw)  # its checkpoint: the resume starts from round 1
+    if r == 2:
+      raise KeyboardInterrupt
+  monkeypatch.setattr(runner.Progress, "update", killed)
+  cut = write_sweep(tmp_path / "b.toml", tmp_path / "b", body, base=base)
+  assert cli.main(["sweep", cut, "--quiet"]) != 0
+  monkeypatch.setattr(runner.Progress, "update", real_update)
+  sw = sweep.load_sweep(cut)
+  sweep.resolve(sw)
+  (batch,) = [n for n in os.listdir(sw.root) if n.startswith(".batch-") and "." not in n[1:]]
+  assert os.path.isdir(f"{sw.root}/{batch}/checkpoints")
+  assert cli.main(["sweep", cut, "--dry-run"]) == 0
+  capsys.readouterr()
+  assert cli.main(["sweep", cut, "--quiet"]) == 0
+  assert f"resuming {sw.root}/{batch}" in capsys.readouterr().out  # from round 1
+  for name in ("optim.lr=0.01", "optim.lr=0.02"):
+    a = read_metrics(f"{tmp_path}/a/t/{name}/metrics.jsonl")
+    b = read_metrics(f"{tmp_path}/b/t/{name}/metrics.jsonl")
+    assert [{k: v for k, v in r.items() if k != "wall_s"} for r in a] == \
+        [{k: v for k, v in r.items() if k != "wall_s"} for r in b]
