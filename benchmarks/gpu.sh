@@ -6,7 +6,7 @@
 # per part and the machine in every JSON.
 #
 # Usage: bash benchmarks/gpu.sh [--smoke] [PART...]
-#   parts: vs_torch_mobilenet vs_torch_resnet18 throughput scaling (default: all,
+#   parts: vs_torch_mobilenet vs_torch_resnet18 throughput scaling sweep (default: all,
 #          in that order; run them one call each where a call is time-limited)
 #   --smoke: the same scripts at toy sizes on any backend (the test suite runs
 #          it on the CPU); vs_torch is skipped where torch is not installed.
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 smoke=0
 if [[ ${1:-} == --smoke ]]; then smoke=1; shift; fi
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(vs_torch_mobilenet vs_torch_resnet18 throughput scaling)
+[[ ${#parts[@]} -gt 0 ]] || parts=(vs_torch_mobilenet vs_torch_resnet18 throughput scaling sweep)
 py=${PYTHON:-python}
 out=${OUT:-benchmarks/results/gpu-$(hostname)-$(date -u +%Y%m%d)}
 limit=${LIMIT:-540}
@@ -63,7 +63,14 @@ for p in "${parts[@]}"; do
         part scaling scaling.py --curves seeds clients --seeds 1 2 4 8 16 32 --clients 10 100 \
           --repeats 3
       fi ;;
-    *) echo "unknown part '$p'; allowed: vs_torch_mobilenet vs_torch_resnet18 throughput scaling" >&2
+    sweep)  # 45 runs (3 lr x 3 Dirichlet alpha x 5 seeds) as slots vs one program per cell
+      if ((smoke)); then
+        part sweep sweep.py --lrs 0.01 0.1 --alphas 0.5 --seeds 1 --rounds 1 --clients 2 \
+          --batch 8 --train-size 64 --test-size 32
+      else
+        part sweep sweep.py --rounds 5 --train-size 60000 --test-size 10000
+      fi ;;
+    *) echo "unknown part '$p'; allowed: vs_torch_mobilenet vs_torch_resnet18 throughput scaling sweep" >&2
        exit 2 ;;
   esac
 done

@@ -14,12 +14,13 @@ def test_gpu_script_smoke(tmp_path):
   env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "LIMIT": "300",
          "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--smoke", "throughput",
-                         "scaling", "vs_torch_resnet18"],
+                         "scaling", "sweep", "vs_torch_resnet18"],
                         env=env, capture_output=True, text=True, timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   names = sorted(p.name for p in tmp_path.glob("*.json"))
   assert any(n.startswith("throughput-") for n in names), names
   assert any(n.startswith("scaling-") for n in names), names
+  assert any(n.startswith("sweep-") for n in names), names
   for p in tmp_path.glob("*.json"):
     res = json.loads(p.read_text())
     assert res["machine"]["backend"] == "cpu"
