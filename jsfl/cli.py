@@ -141,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
       t.add_argument("--paired", default=None, metavar="ROW",
                      help="compare every row's accuracy with this row (its label, "
                      "a unique part of it, or one of its run directories) seed by seed")
+      t.add_argument("--reference", default=None, metavar="CSV",
+                     help="the paper's figures (config fields, then paper and optionally "
+                     "paper_std; # lines name the source) as a column beside jsfl's")
   w = sub.add_parser("sweep", help="run a grid of configs (cells), skipping finished ones",
                      description=SWEEP_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -302,7 +305,8 @@ def cmd_report(args) -> int:
     _check_out_dir(args.out, "--out")
   try:
     rep = report.build_report(args.paths, by=by, last=args.last,
-                              paired_with=args.paired, best_ma=args.best_ma)
+                              paired_with=args.paired, best_ma=args.best_ma,
+                              reference=args.reference)
   except ValueError as e:
     return _fail(str(e))
   if not rep.rows:  # one line, the notes on each path folded into it

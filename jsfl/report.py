@@ -207,6 +207,8 @@ class Report:
   paired_with: str = ""     # label of the reference row of ``paired`` ("" = none)
   paired: list | None = None  # per row: paired_difference(...) against it, or None
   best_ma: int = 0          # > 0: rows also carry stats["best_ma"] over this window
+  reference: list | None = None  # per row: its reference figure (read_reference) or None
+  reference_notes: list = dataclasses.field(default_factory=list)  # the CSV's # lines
 
 
 def find_row(rows: Sequence[Row], spec: str) -> int:
@@ -230,6 +232,97 @@ def find_row(rows: Sequence[Row], spec: str) -> int:
                        f"{[labels[i] for i in hits]}; allowed: one row's label or run")
   raise ValueError(f"paired reference {spec!r} matches no row; allowed: a row label "
                    f"({labels}) or a run directory of one")
+
+
+REFERENCE_VALUES = ("paper", "paper_std")
+
+
+def read_reference(path: str) -> tuple[list[dict], list[str]]:
+  """A reference CSV: the published figure of every cell of a table.
+
+  Lines starting with ``#`` are notes (the source: paper, table, setting),
+  printed under the table.  The header names config fields (``section.key``)
+  that identify a row, then ``paper`` (the figure, accuracy in %) and
+  optionally ``paper_std``; an empty field matches any value.
+
+  Raises:
+    ValueError: one line naming the file and what is wrong.
+  """
+  try:
+    with open(path, newline="", encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except OSError as e:
+    raise ValueError(f"--reference={path!r}: cannot be read ({e.strerror or e})") from None
+  notes = [ln.lstrip("#").strip() for ln in lines if ln.startswith("#")]
+  numbered = [(n, ln) for n, ln in enumerate(lines, 1)
+              if ln.strip() and not ln.startswith("#")]
+  rows = list(csv.DictReader([ln for _, ln in numbered]))
+  head = list(rows[0]) if rows else []
+  keys = [k for k in head if k not in REFERENCE_VALUES]
+  if "paper" not in head or not keys or any(k.count(".") != 1 for k in keys):
+    raise ValueError(f"--reference={path!r}: header {head}; allowed: config fields "
+                     "(section.key, e.g. method.name) then paper and optionally paper_std")
+  out = []
+  for (i, _), r in zip(numbered[1:], rows):
+    try:
+      vals = {k: float(r[k]) if r.get(k) not in (None, "") else None
+              for k in REFERENCE_VALUES}
+    except ValueError:
+      raise ValueError(f"--reference={path!r}: line {i}: paper={r.get('paper')!r}; "
+                       "allowed: a number") from None
+    out.append({"match": {k: r[k] for k in keys if r.get(k) not in (None, "")}, **vals,
+                "line": i})
+  return out, notes
+
+
+def _matches(config_value, text: str) -> bool:
+  if config_value is None:
+    return False
+  if isinstance(config_value, bool):
+    return text.lower() == str(config_value).lower()
+  if isinstance(config_value, (int, float)):
+    try:
+      return math.isclose(float(text), float(config_value), rel_tol=1e-9)
+    except ValueError:
+      return False
+  return str(config_value) == text
+
+
+def attach_reference(rep: Report, path: str) -> None:
+  """Gives every row the reference figure whose fields its config matches
+  (``rep.reference``); reference lines no row matches, and rows two lines
+  match, go to ``rep.problems``."""
+  ref, notes = read_reference(path)
+  rep.reference_notes = notes
+  rep.reference = []
+  used = set()
+  for row in rep.rows:
+    flat = flat_config(row.group.runs[0])
+    hits = [i for i, r in enumerate(ref)
+            if all(_matches(flat.get(k), v) for k, v in r["match"].items())]
+    if len(hits) > 1:
+      rep.problems.append(f"{path}: lines {[ref[h]['line'] for h in hits]} all match row "
+                          f"{row.group.label!r}; the first is used")
+    rep.reference.append(ref[hits[0]] if hits else None)
+    used.update(hits[:1])
+  for i, r in enumerate(ref):
+    if i not in used:
+      where = ", ".join(f"{k}={v}" for k, v in r["match"].items())
+      rep.problems.append(f"{path}: line {r['line']} ({where}) matches no run")
+
+
+def _fmt_reference(ref: dict | None) -> str:
+  if ref is None or ref["paper"] is None:
+    return "-"
+  std = f" +- {ref['paper_std']:.2f}" if ref.get("paper_std") is not None else ""
+  return f"{ref['paper']:.2f}{std}"
+
+
+def _fmt_gap(row: Row, ref: dict | None) -> str:
+  acc = (row.stats.get("accuracy") or {}).get("median")
+  if ref is None or ref["paper"] is None or acc is None:
+    return "-"
+  return f"{acc - ref['paper']:+.2f}"
 
 
 def _by_seed_number(row: Row, key: str) -> dict:
@@ -335,7 +428,7 @@ def _load(paths: Sequence[str], by: Sequence[str] | None) -> tuple[list[Run], li
 
 def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
                  last: int = 5, paired_with: str | None = None,
-                 best_ma: int = 0) -> Report:
+                 best_ma: int = 0, reference: str | None = None) -> Report:
   """Finds, reads, groups and summarises the runs under ``paths``.
 
   Args:
@@ -347,12 +440,15 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
     best_ma: if > 0, also the MultiSFL authors' figure: per seed the best
       ``best_ma``-round moving average of accuracy, then median +- std over
       seeds (:func:`best_moving_average`).
+    reference: a reference CSV (:func:`read_reference`): the paper's figure
+      of every row, shown beside jsfl's.
 
   Returns:
     The report; ``rows`` is empty when no run has a usable record.
 
   Raises:
-    ValueError: when ``paired_with`` names no row, or several.
+    ValueError: when ``paired_with`` names no row, or several; a bad
+      reference CSV.
   """
   runs, problems = _load(paths, by)
   if not runs:
@@ -364,6 +460,8 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
     ref = rep.rows[find_row(rep.rows, paired_with)]
     rep.paired_with = ref.group.label
     rep.paired = [None if r is ref else paired_difference(r, ref) for r in rep.rows]
+  if reference:
+    attach_reference(rep, reference)
   return rep
 
 
@@ -434,6 +532,8 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
       head.append(f"accuracy, best {rep.best_ma}-round MA")
     if rep.paired is not None:
       head.append(f"paired accuracy vs {rep.paired_with}")
+    if rep.reference is not None:
+      head += ["paper accuracy (%)", "jsfl - paper"]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for i, row in enumerate(rep.rows):
       cells = [_fmt_value(row.group.values[c]) for c in rep.columns] + \
@@ -443,8 +543,13 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
         cells.append(_fmt_stat(row.stats.get("best_ma")))
       if rep.paired is not None:
         cells.append(_fmt_paired(rep.paired[i]))
+      if rep.reference is not None:
+        cells += [_fmt_reference(rep.reference[i]), _fmt_gap(row, rep.reference[i])]
       lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if rep.reference is not None:
+      lines += ["Paper: " + " ".join(rep.reference_notes or ["the reference CSV's figures."]),
+                ""]
     if rep.best_ma:
       lines += [(f"Best {rep.best_ma}-round MA: per seed the largest mean of "
                  f"{rep.best_ma} consecutive evaluated rounds' accuracy (shorter windows "
@@ -489,9 +594,10 @@ def write_csv(rep: Report, path: str) -> None:
     w = csv.writer(f)
     pair_cols = ([] if rep.paired is None else
                  ["paired_with", "paired_accuracy_median", "paired_ahead", "paired_seeds"])
+    ref_cols = [] if rep.reference is None else list(REFERENCE_VALUES)
     w.writerow(rep.columns + ["seeds", "rounds"]
                + [f"{k}_{s}" for k in metrics for s in ("median", "std")]
-               + ["bytes_total_median", "runs"] + pair_cols)
+               + ["bytes_total_median", "runs"] + pair_cols + ref_cols)
     for i, row in enumerate(rep.rows):
       pair = []
       if rep.paired is not None:
@@ -502,7 +608,8 @@ def write_csv(rep: Report, path: str) -> None:
                  + [row.seeds, row.rounds]
                  + [_num((row.stats[k] or {}).get(s)) for k in metrics for s in ("median", "std")]
                  + [_num(row.bytes_total), ";".join(run.path for run in row.group.runs)]
-                 + pair)
+                 + pair + ([] if rep.reference is None else
+                           [_num((rep.reference[i] or {}).get(k)) for k in REFERENCE_VALUES]))
 
 
 def write_seed_csv(rep: Report, path: str) -> None:

@@ -68,7 +68,12 @@ from jsfl.errors import Diverged, RunDirError, UserError
 
 SWEEP_KEYS = {"name": "the sweep's name (directory under out_dir)",
               "base": "base config TOML, relative to the sweep file",
-              "out_dir": "parent of the sweep's directory (default 'runs')"}
+              "out_dir": "parent of the sweep's directory (default 'runs')",
+              "reference": "the paper's figures (CSV, relative to the sweep file) that "
+                           "--collect shows beside jsfl's (jsfl report --reference)",
+              "by": "comma-separated config fields --collect groups rows by",
+              "best_ma": "--collect adds the best W-round moving average of accuracy (an "
+                         "int, the MultiSFL authors' figure at 10)"}
 TABLES = ("sweep", "base", "grid", "cells")
 # The sweep decides where every cell's run directory lies.
 RESERVED = ("run.dir", "run.out_dir")
@@ -114,6 +119,9 @@ class Sweep:
   out_dir: str
   base_overrides: list[tuple[str, Any]]
   cells: list[Cell]
+  reference: str | None = None  # the paper's figures for --collect (a CSV path)
+  by: list[str] | None = None   # --collect's grouping fields
+  best_ma: int = 0              # --collect's best moving-average window
 
   @property
   def root(self) -> str:
@@ -256,7 +264,10 @@ def load_sweep(path: str) -> Sweep:
     if k not in SWEEP_KEYS:
       raise SweepError(f"sweep {path}: unknown key sweep.{k}; allowed: "
                        + ", ".join(SWEEP_KEYS))
-    if not isinstance(v, str) or not v:
+    if k == "best_ma":
+      if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise SweepError(f"sweep {path}: sweep.best_ma={v!r}; allowed: an int >= 0")
+    elif not isinstance(v, str) or not v:
       raise SweepError(f"sweep {path}: sweep.{k}={v!r}; allowed: a non-empty string")
   name = head.get("name")
   if name is None:
@@ -272,6 +283,13 @@ def load_sweep(path: str) -> Sweep:
       raise SweepError(f"sweep {path}: sweep.base={head['base']!r} ({base}) does not "
                        "exist; allowed: a config TOML path relative to the sweep file")
   out_dir = head.get("out_dir", "runs")
+  reference = head.get("reference")
+  if reference is not None:
+    reference = os.path.normpath(os.path.join(os.path.dirname(path), reference))
+    if not os.path.isfile(reference):
+      raise SweepError(f"sweep {path}: sweep.reference={head['reference']!r} ({reference}) "
+                       "does not exist; allowed: a CSV path relative to the sweep file")
+  by = [k.strip() for k in head["by"].split(",") if k.strip()] if "by" in head else None
   if not isinstance(raw.get("base", {}), dict):
     raise SweepError(f"sweep {path}: base must be a table [base]")
   base_over = _flatten(raw.get("base", {}), "[base]", path)
@@ -314,7 +332,8 @@ def load_sweep(path: str) -> Sweep:
                        f"{seen.get(n, '?')} and {i}); allowed: distinct cells")
     seen[n] = i
     cells.append(Cell(i, n, a, os.path.join(root, n)))
-  return Sweep(path, name, base, out_dir, base_over, cells)
+  return Sweep(path, name, base, out_dir, base_over, cells, reference, by,
+               head.get("best_ma", 0))
 
 
 def overrides(sweep: Sweep, cell: Cell, run_dir: str | None = None) -> list[str]:
@@ -754,7 +773,8 @@ def collect(sweep: Sweep):
       paths.append(c.dir)
     elif c.name not in covered:
       notes.append(f"{c.dir}: cell {c.name} not started")
-  rep = (report.build_report(paths) if paths
+  rep = (report.build_report(paths, by=sweep.by, best_ma=sweep.best_ma,
+                             reference=sweep.reference) if paths
          else report.Report([], [], {}, []))
   rep.problems += notes
   return rep
@@ -790,7 +810,10 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
     if shard_spec is not None:
       raise SweepError("--collect reads every cell; allowed: --collect without --shard")
     from jsfl import report
-    rep = collect(sweep)
+    try:
+      rep = collect(sweep)
+    except ValueError as e:  # a bad reference CSV
+      raise SweepError(f"sweep {sweep.path}: {e}") from None
     for p in rep.problems:
       print(f"jsfl: warning: {p}", file=sys.stderr)
     print(report.to_markdown(rep, title=f"jsfl sweep {sweep.name}"))
