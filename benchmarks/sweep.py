@@ -137,7 +137,8 @@ def main() -> None:
   for mode in order:
     res = run_mode(args, mode)
     results[mode].append(res)
-    print(f"{mode:9s} {res['programs']} programs, {res['runs']} runs: {res['wall_s']:7.1f} s, "
+    print(f"{mode:9s} {res['programs']} program{'s' * (res['programs'] != 1)}, {res['runs']} "
+          f"runs: {res['wall_s']:7.1f} s, "
           f"{res['runs_per_hour']:8.1f} runs/h, {res['samples_per_s']:9.0f} samples/s",
           flush=True)
   med = {m: {k: statistics.median(r[k] for r in rs)

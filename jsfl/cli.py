@@ -142,8 +142,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="compare every row's accuracy with this row (its label, "
                      "a unique part of it, or one of its run directories) seed by seed")
       t.add_argument("--reference", default=None, metavar="CSV",
-                     help="the paper's figures (config fields, then paper and optionally "
-                     "paper_std; # lines name the source) as a column beside jsfl's")
+                     help="the paper's figures (config fields, then reference and "
+                     "optionally reference_std; # lines name the source) beside jsfl's")
   w = sub.add_parser("sweep", help="run a grid of configs (cells), skipping finished ones",
                      description=SWEEP_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)

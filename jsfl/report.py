@@ -234,7 +234,7 @@ def find_row(rows: Sequence[Row], spec: str) -> int:
                    f"({labels}) or a run directory of one")
 
 
-REFERENCE_VALUES = ("paper", "paper_std")
+REFERENCE_VALUES = ("reference", "reference_std")
 
 
 def read_reference(path: str) -> tuple[list[dict], list[str]]:
@@ -242,8 +242,8 @@ def read_reference(path: str) -> tuple[list[dict], list[str]]:
 
   Lines starting with ``#`` are notes (the source: paper, table, setting),
   printed under the table.  The header names config fields (``section.key``)
-  that identify a row, then ``paper`` (the figure, accuracy in %) and
-  optionally ``paper_std``; an empty field matches any value.
+  that identify a row, then ``reference`` (the published figure, accuracy
+  in %) and optionally ``reference_std``; an empty field matches any value.
 
   Raises:
     ValueError: one line naming the file and what is wrong.
@@ -259,16 +259,16 @@ def read_reference(path: str) -> tuple[list[dict], list[str]]:
   rows = list(csv.DictReader([ln for _, ln in numbered]))
   head = list(rows[0]) if rows else []
   keys = [k for k in head if k not in REFERENCE_VALUES]
-  if "paper" not in head or not keys or any(k.count(".") != 1 for k in keys):
+  if "reference" not in head or not keys or any(k.count(".") != 1 for k in keys):
     raise ValueError(f"--reference={path!r}: header {head}; allowed: config fields "
-                     "(section.key, e.g. method.name) then paper and optionally paper_std")
+                     "(section.key, e.g. method.name) then reference and optionally reference_std")
   out = []
   for (i, _), r in zip(numbered[1:], rows):
     try:
       vals = {k: float(r[k]) if r.get(k) not in (None, "") else None
               for k in REFERENCE_VALUES}
     except ValueError:
-      raise ValueError(f"--reference={path!r}: line {i}: paper={r.get('paper')!r}; "
+      raise ValueError(f"--reference={path!r}: line {i}: reference={r.get('reference')!r}; "
                        "allowed: a number") from None
     out.append({"match": {k: r[k] for k in keys if r.get(k) not in (None, "")}, **vals,
                 "line": i})
@@ -305,24 +305,27 @@ def attach_reference(rep: Report, path: str) -> None:
                           f"{row.group.label!r}; the first is used")
     rep.reference.append(ref[hits[0]] if hits else None)
     used.update(hits[:1])
-  for i, r in enumerate(ref):
-    if i not in used:
-      where = ", ".join(f"{k}={v}" for k, v in r["match"].items())
-      rep.problems.append(f"{path}: line {r['line']} ({where}) matches no run")
+  unused = [r for i, r in enumerate(ref) if i not in used]
+  if len(unused) == 1:
+    where = ", ".join(f"{k}={v}" for k, v in unused[0]["match"].items())
+    rep.problems.append(f"{path}: line {unused[0]['line']} ({where}) matches no run")
+  elif unused:  # a whole paper table against the rows of one model, say
+    rep.problems.append(f"{path}: {len(unused)} lines match no run (lines "
+                        f"{unused[0]['line']}-{unused[-1]['line']})")
 
 
 def _fmt_reference(ref: dict | None) -> str:
-  if ref is None or ref["paper"] is None:
+  if ref is None or ref["reference"] is None:
     return "-"
-  std = f" +- {ref['paper_std']:.2f}" if ref.get("paper_std") is not None else ""
-  return f"{ref['paper']:.2f}{std}"
+  std = f" +- {ref['reference_std']:.2f}" if ref.get("reference_std") is not None else ""
+  return f"{ref['reference']:.2f}{std}"
 
 
 def _fmt_gap(row: Row, ref: dict | None) -> str:
   acc = (row.stats.get("accuracy") or {}).get("median")
-  if ref is None or ref["paper"] is None or acc is None:
+  if ref is None or ref["reference"] is None or acc is None:
     return "-"
-  return f"{acc - ref['paper']:+.2f}"
+  return f"{acc - ref['reference']:+.2f}"
 
 
 def _by_seed_number(row: Row, key: str) -> dict:
@@ -533,7 +536,7 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
     if rep.paired is not None:
       head.append(f"paired accuracy vs {rep.paired_with}")
     if rep.reference is not None:
-      head += ["paper accuracy (%)", "jsfl - paper"]
+      head += ["reference accuracy (%)", "jsfl - reference"]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for i, row in enumerate(rep.rows):
       cells = [_fmt_value(row.group.values[c]) for c in rep.columns] + \
@@ -548,7 +551,7 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
       lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if rep.reference is not None:
-      lines += ["Paper: " + " ".join(rep.reference_notes or ["the reference CSV's figures."]),
+      lines += ["Reference: " + " ".join(rep.reference_notes or ["the reference CSV's figures."]),
                 ""]
     if rep.best_ma:
       lines += [(f"Best {rep.best_ma}-round MA: per seed the largest mean of "

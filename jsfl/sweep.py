@@ -299,13 +299,30 @@ def load_sweep(path: str) -> Sweep:
   grid = raw.get("grid", {})
   if not isinstance(grid, dict):
     raise SweepError(f"sweep {path}: grid must be a table [grid]")
-  axes = _flatten(grid, "[grid]", path)
+  # An axis over a whole section: ``partition = [{name = "iid"}, {name =
+  # "dirichlet", alpha = 0.1}]``, each value a set of that section's keys.
+  sections = {k: v for k, v in grid.items() if "." not in k and isinstance(v, list)
+              and v and all(isinstance(x, dict) for x in v)}
+  axes = _flatten({k: v for k, v in grid.items() if k not in sections}, "[grid]", path)
   for k, values in axes:
     if not isinstance(values, list) or not values:
       raise SweepError(f"sweep {path}: [grid] {k}={values!r}; allowed: a non-empty "
-                       f"list of values, e.g. {k} = [1, 2]")
+                       f"list of values, e.g. {k} = [1, 2], or a section = [{{key = "
+                       "value, ...}, ...]")
     for v in values:
       _check_value(path, "[grid]", k, v)
+  axes = [(k, [[(k, v)] for v in values]) for k, values in axes]
+  for section, tables in sections.items():
+    sets = []
+    for t in tables:
+      pairs = _flatten({section: t}, "[grid]", path)
+      for k, v in pairs:
+        _check_value(path, "[grid]", k, v)
+      sets.append(pairs)
+    axes.append((section, sets))
+  order = [f"{k}.{k2}" if isinstance(v, dict) else k
+           for k, v in grid.items() for k2 in (v if isinstance(v, dict) else [None])]
+  axes.sort(key=lambda a: order.index(a[0]))  # the file's order: last key fastest
   extra = raw.get("cells", [])
   if not isinstance(extra, list) or not all(isinstance(c, dict) for c in extra):
     raise SweepError(f"sweep {path}: cells must be tables [[cells]]")
@@ -314,9 +331,8 @@ def load_sweep(path: str) -> Sweep:
                      "[values] and/or [[cells]] tables")
   assigned = []
   if axes:
-    keys = [k for k, _ in axes]
-    assigned += [list(zip(keys, combo)) for combo in
-                 itertools.product(*(values for _, values in axes))]
+    assigned += [[pair for pairs in combo for pair in pairs] for combo in
+                 itertools.product(*(sets for _, sets in axes))]
   for i, table in enumerate(extra):
     over = _flatten(table, f"[[cells]] #{i + 1}", path)
     for k, v in over:

@@ -1,6 +1,6 @@
 """Accuracy on real Fashion-MNIST (slow: skipped by `make test`, run by `make test-slow`).
 
-The full acceptance runs are experiments/core/run_core.sh (20 rounds, 2 seeds);
+The full acceptance runs are experiments/core/core.toml (jsfl sweep; 20 rounds, 2 seeds);
 these shorter versions guard against regressions of the science.
 """
 

@@ -375,25 +375,25 @@ def test_reference_column_beside_jsfl(tmp_path, capsys):
   write_run(tmp_path / "runs" / "c", {"method.name": "fedavg", "partition.p": 0.6})
   ref = tmp_path / "paper.csv"
   ref.write_text("# Paper X, Table 1 (Fashion-MNIST)\n"
-                 "method.name,partition.p,paper,paper_std\n"
+                 "method.name,partition.p,reference,reference_std\n"
                  "sfl,0.8,50.25,1.5\nfedavg,,40,\nhydra,0.8,60,\n")
   rep = report.build_report([str(tmp_path / "runs")], reference=str(ref))
   # fedavg's line leaves partition.p empty: it matches both fedavg rows
-  assert [(r or {}).get("paper") for r in rep.reference] == [50.25, 40.0, 40.0]
+  assert [(r or {}).get("reference") for r in rep.reference] == [50.25, 40.0, 40.0]
   assert any("line 5 (method.name=hydra, partition.p=0.8) matches no run" in p
              for p in rep.problems)
   md = report.to_markdown(rep)
-  assert "| paper accuracy (%) | jsfl - paper |" in md
+  assert "| reference accuracy (%) | jsfl - reference |" in md
   sfl_line = next(line for line in md.splitlines() if line.startswith("| sfl"))
   assert "50.25 +- 1.50 | +2.25 |" in sfl_line  # jsfl 52.50 (see SERIES)
-  assert "Paper: Paper X, Table 1 (Fashion-MNIST)" in md
+  assert "Reference: Paper X, Table 1 (Fashion-MNIST)" in md
   assert cli.main(["report", str(tmp_path / "runs"), "--reference", str(ref),
                    "--out", str(tmp_path / "out")]) == 0
   with open(tmp_path / "out" / "report.csv") as f:
     rows = list(csv.DictReader(f))
-  assert [r["paper"] for r in rows] == ["50.25", "40.0", "40.0"]
+  assert [r["reference"] for r in rows] == ["50.25", "40.0", "40.0"]
   bad = tmp_path / "bad.csv"
-  bad.write_text("method,paper\nsfl,1\n")
+  bad.write_text("method,reference\nsfl,1\n")
   capsys.readouterr()
   assert cli.main(["report", str(tmp_path / "runs"), "--reference", str(bad)]) == 2
   assert "allowed: config fields (section.key" in capsys.readouterr().err

@@ -529,3 +529,21 @@ def test_a_killed_program_resumes_bit_identically(tmp_path, monkeypatch, capsys)
     b = read_metrics(f"{tmp_path}/b/t/{name}/metrics.jsonl")
     assert [{k: v for k, v in r.items() if k != "wall_s"} for r in a] == \
         [{k: v for k, v in r.items() if k != "wall_s"} for r in b]
+
+
+def test_a_grid_axis_over_a_whole_section(tmp_path):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
+[grid]
+"method.name" = ["sfl", "multisfl"]
+partition = [{name = "dirichlet", alpha = 0.1, min_size = 2}, {name = "iid"}]
+""")
+  sw = sweep.load_sweep(path)
+  assert [c.name for c in sw.cells] == [
+      "method=sfl,partition=dirichlet,partition.alpha=0.1,partition.min_size=2",
+      "method=sfl,partition=iid",
+      "method=multisfl,partition=dirichlet,partition.alpha=0.1,partition.min_size=2",
+      "method=multisfl,partition=iid"]
+  sweep.resolve(sw)
+  assert "min_size" not in sw.cells[1].cfg["partition"]
+  # partitions are per-slot: one program per method
+  assert [[c.index for c in u.cells] for u in sweep.plan(sw, sw.cells)] == [[0, 1], [2, 3]]
