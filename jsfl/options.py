@@ -32,10 +32,13 @@ class Option(NamedTuple):
   None for any finite value (ints are always within int32).
 
   ``batchable``: the value is a scalar that only enters the round's
-  arithmetic (a learning rate, a loss weight, a temperature), so runs that
-  differ in it could share one compiled program; False (static) for values
-  that change the program: choices, counts, cut indices, window lengths,
-  bounds that size a buffer, and anything that switches a term on or off.
+  arithmetic (a learning rate, a loss weight, a temperature), so it reaches
+  the round as a traced per-slot value and runs that differ in it share one
+  compiled program (:mod:`jsfl.slots`); a round must never branch on it in
+  Python (checks belong in the method's host-side ``validate``).  False
+  (static) for values that change the program: choices, counts, cut
+  indices, window lengths, bounds that size a buffer, and anything that
+  switches a term on or off.
   """
 
   type: type

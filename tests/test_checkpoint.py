@@ -326,6 +326,6 @@ def test_resume_keeps_the_client_loop_the_run_started_with(tmp_path, monkeypatch
   (tmp_path / "config.json").write_text(json.dumps(
       {"config": cfg, "resolved": {"client_exec": started_with}}))
   seen = {}
-  monkeypatch.setattr(runner, "run", lambda c, resume=None: seen.update(cfg=c) or resume)
+  monkeypatch.setattr(runner, "run", lambda c, resume=None, **kw: seen.update(cfg=c) or resume)
   runner.resume(str(tmp_path))
   assert seen["cfg"]["exec"]["client_exec"] == started_with
