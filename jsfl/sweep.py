@@ -276,19 +276,19 @@ def load_sweep(path: str) -> Sweep:
   if _safe(name) != name or "," in name or "=" in name or name.startswith("."):
     raise SweepError(f"sweep {path}: sweep.name={name!r}; allowed: letters, digits, "
                      "'.', '_', '-' (not starting with '.')")
-  base = head.get("base")
-  if base is not None:
-    base = os.path.normpath(os.path.join(os.path.dirname(path), base))
-    if not os.path.isfile(base):
-      raise SweepError(f"sweep {path}: sweep.base={head['base']!r} ({base}) does not "
-                       "exist; allowed: a config TOML path relative to the sweep file")
+  def beside(key: str, what: str) -> str | None:
+    """A [sweep] path relative to the sweep file, which must exist."""
+    if head.get(key) is None:
+      return None
+    found = os.path.normpath(os.path.join(os.path.dirname(path), head[key]))
+    if not os.path.isfile(found):
+      raise SweepError(f"sweep {path}: sweep.{key}={head[key]!r} ({found}) does not "
+                       f"exist; allowed: a {what} path relative to the sweep file")
+    return found
+
+  base = beside("base", "config TOML")
   out_dir = head.get("out_dir", "runs")
-  reference = head.get("reference")
-  if reference is not None:
-    reference = os.path.normpath(os.path.join(os.path.dirname(path), reference))
-    if not os.path.isfile(reference):
-      raise SweepError(f"sweep {path}: sweep.reference={head['reference']!r} ({reference}) "
-                       "does not exist; allowed: a CSV path relative to the sweep file")
+  reference = beside("reference", "CSV")
   by = [k.strip() for k in head["by"].split(",") if k.strip()] if "by" in head else None
   if not isinstance(raw.get("base", {}), dict):
     raise SweepError(f"sweep {path}: base must be a table [base]")
