@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -522,6 +523,13 @@ def test_a_killed_program_resumes_bit_identically(tmp_path, monkeypatch, capsys)
   assert os.path.isdir(f"{sw.root}/{batch}/checkpoints")
   assert cli.main(["sweep", cut, "--dry-run"]) == 0
   capsys.readouterr()
+  # --collect reads the program while it trains: a row per cell
+  assert cli.main(["sweep", cut, "--collect"]) == 0
+  rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| sfl")]
+  # 2 seeds each; the records of round 2 were written before the kill
+  assert [r.split("|")[2].strip() for r in rows] == ["0.01", "0.02"]
+  assert all("| 2 | 2 |" in r for r in rows)
+  shutil.rmtree(os.path.join(sw.root, "collected"))
   assert cli.main(["sweep", cut, "--quiet"]) == 0
   assert f"resuming {sw.root}/{batch}" in capsys.readouterr().out  # from round 1
   for name in ("optim.lr=0.01", "optim.lr=0.02"):
