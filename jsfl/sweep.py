@@ -881,8 +881,9 @@ def _print_plan(sweep, mine, programs, shard_in, log) -> None:
   for k, u in enumerate(programs):
     cfg = u.cells[0].cfg
     what = f"{cfg['method']['name']}, {cfg['model']['name']}, {cfg['dataset']['name']}"
+    own = _static_text(u, programs)
     log(f"program {k + 1}: {len(u.cells)} cell{'s' * (len(u.cells) != 1)}, {u.slots} "
-        f"slot{'s' * (u.slots != 1)} ({what})")
+        f"slot{'s' * (u.slots != 1)} ({what}{'; ' + own if own else ''})")
     for c in u.cells:
       st = status(c)
       note = f"  seeds {_seed_text(c.seeds)}"
@@ -896,3 +897,19 @@ def _print_plan(sweep, mine, programs, shard_in, log) -> None:
     log("(exec.max_slots = 0: a program too large for the device's memory is cut when "
         "the sweep runs)")
   log(f"{len(to_go)} program{'s' * (len(to_go) != 1)} to go")
+
+
+def _static_text(unit: Unit, programs: list[Unit]) -> str:
+  """The static fields whose values tell this program from the other
+  programs of its method, e.g. ``method.order=random, partition.num_clients=50``."""
+  from jsfl import slots
+
+  def flat(u):
+    st = slots.static_config(u.cells[0].cfg)
+    return {f"{sec}.{k}": v for sec, d in st.items() for k, v in d.items()}
+  mine = flat(unit)
+  peers = [flat(u) for u in programs if flat(u)["method.name"] == mine["method.name"]]
+  keys = sorted(k for k in mine
+                if len({json.dumps(f.get(k), sort_keys=True) for f in peers}) > 1)
+  return ", ".join(f"{k}={mine[k]}" for k in keys)
+
