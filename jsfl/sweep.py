@@ -628,7 +628,8 @@ def _train(unit: Unit, log) -> None:
   from jsfl import runner
   d, rounds = unit.dir, unit.cfg["run"]["rounds"]
   diverged = None
-  if unit.batched and finished_run(d, rounds):
+  if unit.batched and finished_run(d, rounds) and config_diff(d, unit.cfg) == [] \
+      and _same_cells(d, unit):
     log("  program already trained; splitting it")
   else:
     resume = getattr(runner, "resume", None)
