@@ -303,6 +303,11 @@ def load_sweep(path: str) -> Sweep:
   # "dirichlet", alpha = 0.1}]``, each value a set of that section's keys.
   sections = {k: v for k, v in grid.items() if "." not in k and isinstance(v, list)
               and v and all(isinstance(x, dict) for x in v)}
+  for k, v in grid.items():
+    if "." not in k and isinstance(v, list) and k not in sections:
+      raise SweepError(f"sweep {path}: [grid] {k}={v!r}; allowed: a section axis of "
+                       f"tables only, e.g. {k} = [{{name = \"iid\"}}, {{name = \"dirichlet\", "
+                       "alpha = 0.1}], or section.key = [values]")
   axes = _flatten({k: v for k, v in grid.items() if k not in sections}, "[grid]", path)
   for k, values in axes:
     if not isinstance(values, list) or not values:

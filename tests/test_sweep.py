@@ -142,6 +142,9 @@ def test_bad_shard_is_exit_2(tmp_path, capsys, spec):
      "cell 'optim.lr=0.1' appears twice"),
     ('[grids]\n"optim.lr" = [0.1]', "unknown table [grids]; allowed: [sweep], [base], [grid]"),
     ("", "no cells"),
+    ('[grid]\npartition = [{name = "iid"}, 3]', "allowed: a section axis of tables only"),
+    ('[grid]\npartition = [{name = {x = 1}}]', "partition.name is a table"),
+    ('[grid]\n"exec.max_slots" = [-1]', "exec.max_slots=-1; allowed: an int in"),
     # options the data, partition and model owners check (runner.prepare)
     (('[grid]\n"method.name" = ["sfl"]\n[[cells]]\n"partition.name" = "dirichlet"\n'
       '"partition.alpha" = -1.0'),
@@ -161,6 +164,8 @@ def test_bad_sweep_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, body,
     ('[sweep]\nout_dir = "x"', "sweep.name is missing"),
     ('[sweep]\nname = "a/b"', "sweep.name='a/b'; allowed: letters"),
     ('[sweep]\nname = "a"\nbase = "missing.toml"', "sweep.base='missing.toml'"),
+    ('[sweep]\nname = "a"\nreference = "missing.csv"', "sweep.reference='missing.csv'"),
+    ('[sweep]\nname = "a"\nbest_ma = -1', "sweep.best_ma=-1; allowed: an int >= 0"),
     ('[sweep]\nname = "a"\nouts = "x"', "unknown key sweep.outs; allowed: name, base, out_dir"),
     ('[run]\nrounds = 2', "unknown table [run]"),
     ('[sweep\nname = "a"', "is not valid TOML"),
