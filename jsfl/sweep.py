@@ -304,7 +304,8 @@ def load_sweep(path: str) -> Sweep:
   sections = {k: v for k, v in grid.items() if "." not in k and isinstance(v, list)
               and v and all(isinstance(x, dict) for x in v)}
   for k, v in grid.items():
-    if "." not in k and isinstance(v, list) and k not in sections:
+    if ("." not in k and isinstance(v, list) and k not in sections
+        and (not v or any(isinstance(x, dict) for x in v))):  # a section axis gone wrong
       raise SweepError(f"sweep {path}: [grid] {k}={v!r}; allowed: a section axis of "
                        f"tables only, e.g. {k} = [{{name = \"iid\"}}, {{name = \"dirichlet\", "
                        "alpha = 0.1}], or section.key = [values]")
