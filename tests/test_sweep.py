@@ -391,6 +391,9 @@ def test_plan_groups_cells_by_static_signature(tmp_path):
   assert os.path.basename(units[0].dir).startswith(".batch-")
   assert units[1].dir == sw.cells[7].dir and units[1].cfg is sw.cells[7].cfg
   assert units[1].cell_configs() is None
+  # --per-cell: every cell its own program, as sweeps ran before slots
+  assert [[c.index for c in u.cells] for u in sweep.plan(sw, sw.cells, per_cell=True)] == \
+      [[i] for i in range(10)]
   # exec.max_slots cuts a program, whole cells each
   for c in sw.cells:
     c.cfg["exec"]["max_slots"] = 4
