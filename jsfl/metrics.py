@@ -180,8 +180,8 @@ def round_record(cfg, exp, state, m, e, i, r, history, wall, traffic) -> dict:
   """Seed ``i``'s ``metrics.jsonl`` record of round ``r`` (0-based): the
   evaluation ``e``, the round's metrics ``m``, and the metrics built from
   the seed's per-label ``history`` (appended to here)."""
-  setup, s = exp.setup, exp.seeds[i]
-  o = exp.slots[i].cfg["optim"] if exp.slots else cfg["optim"]  # the slot's own lr
+  setup, slot = exp.setup, exp.slots[i]
+  s, o = slot.seed, slot.cfg["optim"]  # the slot's own lr
   pla = np.asarray(e["per_label_accuracy"][i])
   present = np.asarray(e["present"][i])
   history.append(pla)
@@ -199,8 +199,8 @@ def round_record(cfg, exp, state, m, e, i, r, history, wall, traffic) -> dict:
       "lr": float(max(o["lr"] * o["lr_decay"] ** r, o["lr_min"])),
       "clients": m["clients"][i],
   }
-  if exp.slots and exp.slots[i].cell is not None:  # one of several cells of a program
-    rec["cell"] = exp.slots[i].cell
+  if slot.cell is not None:  # one of several cells of a program
+    rec["cell"] = slot.cell
   rec.update({k: v[i] for k, v in m.items() if k not in BASE_METRICS})
   if setup.order in ("cyclic", "cyclic_reverse") and exp.method.label_rank is not None:
     label_order = np.argsort(np.asarray(exp.method.label_rank(state)[i]))

@@ -150,6 +150,17 @@ def load_run(path: str) -> Run:
   return Run(path, config, resolved, records, partition, problems)
 
 
+def cell_entries(obj, name: str):
+  """A per-slot file (``partition.json``) of a program of several cells with
+  only cell ``name``'s entries, their ``cell`` key dropped; anything else as
+  it is."""
+  if isinstance(obj, dict) and isinstance(obj.get("seeds"), list) and all(
+      isinstance(e, dict) and "seed" in e for e in obj["seeds"]):
+    return {**obj, "seeds": [{k: v for k, v in e.items() if k != "cell"}
+                             for e in obj["seeds"] if e.get("cell") == name]}
+  return obj
+
+
 def load_runs(path: str) -> list[Run]:
   """The runs of a run directory: itself, or for a program of several cells
   (``jsfl sweep`` slots, still training) one run per cell, with that
@@ -164,12 +175,9 @@ def load_runs(path: str) -> list[Run]:
     if not isinstance(c, dict) or not isinstance(c.get("config"), dict):
       continue
     name = str(c.get("name"))
-    parts = run.partition
-    if isinstance(parts, dict) and isinstance(parts.get("seeds"), list):
-      parts = {**parts, "seeds": [e for e in parts["seeds"]
-                                  if isinstance(e, dict) and e.get("cell") == name]}
     out.append(Run(os.path.join(path, name), c["config"], run.resolved,
-                   [r for r in run.records if r.get("cell") == name], parts,
+                   [r for r in run.records if r.get("cell") == name],
+                   cell_entries(run.partition, name),
                    list(run.problems) if not out else []))
   return out
 

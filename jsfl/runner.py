@@ -58,15 +58,20 @@ class Experiment:
   setup: Setup
   method: Any
   dataset: Any
-  seeds: list[int]            # per slot (a seed repeats across cells)
+  slots: list[Slot]
   partitions: list[dict]      # per slot: seed, counts, sizes, dominant (and cell)
   data: dict                  # device arrays; SEED_KEYS have a leading slot axis
-  slots: list[Slot] = dataclasses.field(default_factory=list)
 
   @property
-  def cells(self) -> list[str]:
-    """The cells' names in slot order, empty for a single-config run."""
-    return list(dict.fromkeys(s.cell for s in self.slots if s.cell is not None))
+  def seeds(self) -> list[int]:
+    """Per slot its seed (a seed repeats across the cells of a program)."""
+    return [s.seed for s in self.slots]
+
+  @property
+  def cell_configs(self) -> list[tuple[str, dict]]:
+    """``(name, config)`` of the cells of a program in slot order; empty for
+    a single-config run."""
+    return list({s.cell: (s.cell, s.cfg) for s in self.slots if s.cell is not None}.values())
 
 
 def _options_error(section: str, err: Exception, cell: str | None = None
@@ -148,8 +153,7 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
           "counts": jnp.asarray(np.stack([p["label_counts"] for p in parts_per_slot])
                                 .astype(np.int32)),
           "hyper": {k: jnp.asarray([h[k] for h in hyper], jnp.float32) for k in hyper[0]}}
-  return Experiment(cfg, setup, method, dataset, [s.seed for s in run_slots],
-                    parts_per_slot, data, run_slots)
+  return Experiment(cfg, setup, method, dataset, run_slots, parts_per_slot, data)
 
 
 def with_hyper(setup: Setup, hyper: dict) -> Setup:
@@ -523,16 +527,16 @@ def _write_run_files(cfg: dict, exp: Experiment, out: str, mesh) -> None:
                    "mesh": dict(mesh.shape) if mesh is not None else None,
                    "processes": jax.process_count()},
       # A program of several cells: each one's config, for resume and the split.
-      **({"cells": [{"name": n, "config": c} for n, c in _cell_configs(exp)]}
-         if exp.cells else {})})
+      **({"cells": [{"name": n, "config": c} for n, c in exp.cell_configs]}
+         if exp.cell_configs else {})})
   rundir.write_json_atomic(f"{out}/partition.json", {"seeds": exp.partitions})
   if method.artifacts is None:  # e.g. Hydra's groups.json
     return
-  if not exp.cells:
+  if not exp.cell_configs:
     for fname, obj in method.artifacts(setup, exp.partitions).items():
       rundir.write_json_atomic(f"{out}/{fname}", obj)
     return
-  for name, c in _cell_configs(exp):  # each cell's own, from its own options
+  for name, c in exp.cell_configs:  # each cell's own, from its own options
     own = make_setup(c, setup.model, setup.cut, setup.max_size)
     parts = [p for p in exp.partitions if p.get("cell") == name]
     os.makedirs(f"{out}/{CELL_ARTIFACTS}/{name}", exist_ok=True)
@@ -541,11 +545,6 @@ def _write_run_files(cfg: dict, exp: Experiment, out: str, mesh) -> None:
 
 
 CELL_ARTIFACTS = "cells"  # a program of several cells: <run dir>/cells/<cell>/<file>
-
-
-def _cell_configs(exp: Experiment) -> list[tuple[str, dict]]:
-  """``(name, config)`` of every cell of a program, in slot order."""
-  return list({s.cell: (s.cell, s.cfg) for s in exp.slots if s.cell is not None}.values())
 
 
 def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None,
@@ -688,7 +687,7 @@ class _Tally:
 
   def __init__(self, exp: Experiment):
     self.seeds = exp.seeds
-    self.ids = [(s.cell, s.seed) for s in exp.slots] or [(None, s) for s in exp.seeds]
+    self.ids = [(s.cell, s.seed) for s in exp.slots]
     self.several = any(c is not None for c, _ in self.ids)
     self.start, self.cum_up, self.cum_down, self.records = 0, 0, 0, []
     self.diverged: dict[int, int] = {}  # slot -> round its training stopped at

@@ -63,7 +63,7 @@ import time
 from typing import Any
 
 from jsfl import config as config_lib
-from jsfl import rundir
+from jsfl import reading, rundir, slots
 from jsfl.errors import Diverged, RunDirError, UserError
 
 SWEEP_KEYS = {"name": "the sweep's name (directory under out_dir)",
@@ -80,9 +80,6 @@ RESERVED = ("run.dir", "run.out_dir")
 DONE = ".done"
 COLLECTED = "collected"
 BATCH_PREFIX = ".batch-"
-# Fields that say where or how visibly a run ran: ignored when comparing a
-# cell's config with the one its directory holds, and when merging cells.
-WHERE_FIELDS = (("run", "dir"), ("run", "name"), ("run", "out_dir"), ("exec", "progress"))
 # Methods whose random draws would depend on the padded client width, so a
 # program's wider table would change a slot's numbers: each of their cells
 # runs alone.  Empty since MultiSFL's replay pool draws per client row
@@ -407,7 +404,7 @@ def shard(units: list[Unit], i: int, n: int) -> list[Unit]:
       break
     u = units.pop(big)
     half = len(u.cells) // 2
-    units[big:big] = [_unit(u.cells[:half], u.dir), _unit(u.cells[half:], u.dir)]
+    units[big:big] = [_unit(u.cells[:half]), _unit(u.cells[half:])]
   return units[i::n]
 
 
@@ -438,9 +435,11 @@ def _started(run_dir: str) -> bool:
   return os.path.isdir(run_dir) and bool(os.listdir(run_dir))
 
 
-def _comparable(cfg: dict, drop_seeds: bool = False) -> dict:
+def _comparable(cfg: dict) -> dict:
+  """``cfg`` without where, how visibly and how packed it runs
+  (:data:`jsfl.slots.WHERE_FIELDS`): what a finished cell is compared on."""
   cfg = copy.deepcopy(cfg)
-  for s, k in WHERE_FIELDS + ((("run", "seed"), ("run", "seeds")) if drop_seeds else ()):
+  for s, k in slots.WHERE_FIELDS:
     cfg.get(s, {}).pop(k, None)
   return cfg
 
@@ -471,14 +470,12 @@ def _batch_dir(root: str, cells: list[Cell]) -> str:
   return os.path.join(root, BATCH_PREFIX + digest)
 
 
-def _unit(cells: list[Cell], root_or_dir: str) -> Unit:
+def _unit(cells: list[Cell]) -> Unit:
   """The unit of ``cells``: a single cell in its own directory, several in a
-  batch directory beside them named by their names."""
+  batch directory beside theirs, named by their names."""
   if len(cells) == 1:
     return Unit(cells, cells[0].cfg, cells[0].dir)
-  root = (os.path.dirname(root_or_dir) if os.path.basename(root_or_dir).startswith(
-      BATCH_PREFIX) else root_or_dir)
-  d = _batch_dir(root, cells)
+  d = _batch_dir(os.path.dirname(cells[0].dir), cells)
   cfg = copy.deepcopy(cells[0].cfg)
   cfg["run"]["dir"] = d
   return Unit(cells, cfg, d)
@@ -494,7 +491,6 @@ def plan(sweep: Sweep, cells: list[Cell], max_slots: int | None = None,
   into several, whole cells each (a cell with more seeds runs alone).
   ``per_cell``: every cell its own program.
   """
-  from jsfl import slots
   groups: dict[str, list[Cell]] = {}
   for c in cells:
     key = (slots.signature(c.cfg) if c.cfg["method"]["name"] not in UNBATCHABLE_METHODS
@@ -506,10 +502,10 @@ def plan(sweep: Sweep, cells: list[Cell], max_slots: int | None = None,
     chunk: list[Cell] = []
     for c in group:
       if chunk and sum(len(x.seeds) for x in chunk) + len(c.seeds) > cap:
-        units.append(_unit(chunk, sweep.root))
+        units.append(_unit(chunk))
         chunk = []
       chunk.append(c)
-    units.append(_unit(chunk, sweep.root))
+    units.append(_unit(chunk))
   units.sort(key=lambda u: min(c.index for c in u.cells))
   return units
 
@@ -521,7 +517,7 @@ def pending(units: list[Unit]) -> list[Unit]:
   for u in units:
     todo = [c for c in u.cells if status(c) != "done"]
     if todo:
-      out.append(u if len(todo) == len(u.cells) else _unit(todo, u.dir))
+      out.append(u if len(todo) == len(u.cells) else _unit(todo))
   return out
 
 
@@ -541,15 +537,6 @@ def _seed_text(seeds) -> str:
 def _mark_done(run_dir: str) -> None:
   with open(os.path.join(run_dir, DONE), "w") as f:
     f.write(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
-
-
-def _filter_cell(obj, name):
-  """A partition.json with only cell ``name``'s entries (without the name)."""
-  if isinstance(obj, dict) and isinstance(obj.get("seeds"), list) and all(
-      isinstance(e, dict) and "seed" in e for e in obj["seeds"]):
-    return {**obj, "seeds": [{k: v for k, v in e.items() if k != "cell"}
-                             for e in obj["seeds"] if e.get("cell") == name]}
-  return obj
 
 
 def split_batch(unit: Unit) -> list[str]:
@@ -601,7 +588,8 @@ def split_batch(unit: Unit) -> list[str]:
     rundir.write_json_atomic(os.path.join(tmp, "config.json"), m)
     for n in files:
       rundir.write_json_atomic(os.path.join(tmp, n),
-                               _filter_cell(_read_json(os.path.join(src, n)), cell.name))
+                               reading.cell_entries(_read_json(os.path.join(src, n)),
+                                                    cell.name))
     art = os.path.join(src, runner.CELL_ARTIFACTS, cell.name)
     for n in sorted(os.listdir(art)) if os.path.isdir(art) else ():
       shutil.copyfile(os.path.join(art, n), os.path.join(tmp, n))
@@ -744,9 +732,9 @@ def run_units(sweep: Sweep, units: list[Unit], log) -> list[str]:
   failed = []
   for i, u in enumerate(units):
     names = ", ".join(c.name for c in u.cells)
-    slots = f" ({u.slots} slots of one program)" if u.batched else ""
-    log(f"[{i + 1}/{len(units)}] {names}: seeds {_seed_text(_unit_seeds(u))}{slots}"
-        if not u.batched else f"[{i + 1}/{len(units)}] {len(u.cells)} cells{slots}: {names}")
+    log(f"[{i + 1}/{len(units)}] {len(u.cells)} cells ({u.slots} slots of one program): "
+        f"{names}" if u.batched else
+        f"[{i + 1}/{len(units)}] {names}: seeds {_seed_text(_unit_seeds(u))}")
     if u.batched:  # which cells a program holds, for --collect while it runs
       rundir.write_json_atomic(u.dir + ".json", {"cells": [c.name for c in u.cells]})
     try:
@@ -780,7 +768,7 @@ def collect(sweep: Sweep):
     The :class:`jsfl.report.Report`; cells without a run are listed in its
     ``problems``.
   """
-  from jsfl import reading, report
+  from jsfl import report
   paths, covered, notes = [], set(), []
   for side in sorted(glob.glob(os.path.join(glob.escape(sweep.root), BATCH_PREFIX + "*.json"))):
     block = _read_json(side)
@@ -909,7 +897,6 @@ def _print_plan(sweep, mine, programs, shard_in, log) -> None:
 def _static_text(unit: Unit, programs: list[Unit]) -> str:
   """The static fields whose values tell this program from the other
   programs of its method, e.g. ``method.order=random, partition.num_clients=50``."""
-  from jsfl import slots
 
   def flat(u):
     st = slots.static_config(u.cells[0].cfg)
