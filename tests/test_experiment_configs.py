@@ -91,3 +91,12 @@ def test_hydra_table1_is_one_program_per_method_and_phi():
              u.cells[0].cfg["partition"]["phi"]) for u in programs]
     assert len(keys) == len(set(keys)) == 8  # sfl, hydra x phi 1 / 5 / 10 and random
     assert all({c.cfg["partition"]["p"] for c in u.cells} == {0.6, 0.8} for u in programs)
+
+
+def test_multisfl_authors_steps_spec_cell_is_spec_reading():
+  # the sweep spells SPEC's reading out option by option: it must stay the library's
+  from jsfl.methods.multisfl import SPEC_READING
+  sw = _resolved(EXPERIMENTS / "multisfl" / "authors_steps.toml")
+  spec = [c.cfg["method"] for c in sw.cells if c.cfg["method"].get("p_rule") == "spec"]
+  assert len(spec) == 1
+  assert {k: spec[0][k] for k in SPEC_READING} == SPEC_READING

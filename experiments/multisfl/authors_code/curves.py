@@ -97,8 +97,8 @@ def main(argv=None) -> int:
   if "multisfl" in methods:
     panels.append(("multisfl", "p"))
 
-  from matplotlib.figure import Figure
-  fig = Figure(figsize=(4.0 * len(panels), 4.0), dpi=100, layout="constrained")
+  from jsfl import plots
+  fig = plots.require_matplotlib()(figsize=(4.0 * len(panels), 4.0), dpi=100, layout="constrained")
   axes = fig.subplots(1, len(panels), squeeze=False)[0]
   data: dict = {}
   for ax, (m, key) in zip(axes, panels):
