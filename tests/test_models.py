@@ -424,3 +424,61 @@ def test_check_cut_bounds(name):
   for bad in (0, -1, s, s + 3):
     with pytest.raises(ValueError, match=rf"cut={bad}.*\[1, {s - 1}\]"):
       m.check_cut(bad)
+
+
+# ---------------------------------------------------------- initialisation
+@pytest.mark.parametrize("name", ["small_cnn", "mobilenet_v1", "resnet18", "lenet5",
+                                  "alexnet", "vgg16", "mobilenet_v2"])
+def test_torch_init_draws_like_pytorch(name):
+  """``init="torch"``: every conv / dense weight and bias uniform in
+  +-1/sqrt(fan_in) (PyTorch's defaults), normalisation scales 1, shifts 0."""
+  from flax import nnx
+
+  from jsfl.models import inits
+  kw = {"width": 0.25} if name in ("mobilenet_v1", "resnet18", "vgg16", "mobilenet_v2") else {}
+  shape = (28, 28, 1) if name in ("small_cnn", "lenet5") else (32, 32, 3)
+  model = get_model(name, shape, 10, init="torch", **kw)
+  stages = model.build(nnx.Rngs(params=jax.random.key(0)))
+  for i, stage in enumerate(stages):
+    inits.torch_init(stage, jax.random.key(i))
+    for _, node in nnx.iter_graph(stage):
+      if isinstance(node, (layers.Conv, layers.DepthwiseConv, nnx.Linear)):
+        w = np.asarray(node.kernel[...])
+        fan_in = math.prod(w.shape[:-1])
+        bound = 1 / math.sqrt(fan_in)
+        assert np.abs(w).max() <= bound and np.abs(w).max() > 0.8 * bound
+        if w.size > 2000:  # uniform: std = bound / sqrt(3)
+          assert abs(w.std() * math.sqrt(3) / bound - 1) < 0.05
+        b = getattr(node, "bias", None)
+        if b is not None:
+          b = np.asarray(b[...])
+          assert np.abs(b).max() <= bound and (b.size < 4 or np.abs(b).max() > 0)
+      elif isinstance(node, nnx.BatchNorm):
+        assert (np.asarray(node.scale[...]) == 1).all()
+        assert (np.asarray(node.bias[...]) == 0).all()
+
+
+def test_init_schemes_differ_and_he_lecun_is_the_stages_own():
+  torch_p = get_model("small_cnn", (28, 28, 1), 10).init(jax.random.key(0))[0]
+  he_p = get_model("small_cnn", (28, 28, 1), 10, init="he_lecun").init(jax.random.key(0))[0]
+  conv = he_p[0]["conv"]["kernel"]
+  # He-normal: std sqrt(2 / fan_in), zero biases
+  assert abs(float(np.std(conv)) / math.sqrt(2 / 9) - 1) < 0.35
+  assert float(np.abs(he_p[0]["conv"]["bias"]).max()) == 0
+  assert float(np.abs(torch_p[0]["conv"]["bias"]).max()) > 0
+  assert float(np.abs(torch_p[0]["conv"]["kernel"]).max()) <= 1 / 3
+
+
+def test_torch_init_refuses_a_parameter_without_a_rule():
+  from flax import nnx
+
+  from jsfl.models import inits
+
+  class Odd(nnx.Module):
+    def __init__(self):
+      self.w = nnx.Param(jnp.ones(3))
+
+  with pytest.raises(TypeError, match="no rule for parameter w"):
+    inits.torch_init(Odd(), jax.random.key(0))
+  with pytest.raises(ValueError, match="init='glorot'; allowed: torch, he_lecun"):
+    get_model("small_cnn", (28, 28, 1), 10, init="glorot")

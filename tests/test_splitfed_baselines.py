@@ -10,6 +10,8 @@ checked against per-candidate logits on cases with several winners; the
 heads (and part-1 copies) of non-participants must not move.
 """
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -303,7 +305,9 @@ def test_multihead_keeps_heads_of_non_participants():
 def test_multihead_predict_picks_the_most_confident_head():
   model, h = PARTIAL.model, multihead.head_cut(PARTIAL)
   state = multihead.init(PARTIAL, jax.random.key(15))
-  inits = [model.init(jax.random.key(200 + k))[0][h:]
+  # He-normal heads: PyTorch-style ones are too alike to give several winners.
+  drawn = dataclasses.replace(model, init_scheme="he_lecun")
+  inits = [drawn.init(jax.random.key(200 + k))[0][h:]
            for k in range(PARTIAL.num_clients)]
   state = state.replace(heads=jax.tree.map(lambda *xs: jnp.stack(xs), *inits))
   x = batching.gather(DATA, jnp.arange(40))[0]
@@ -318,7 +322,15 @@ def test_multihead_predict_picks_the_most_confident_head():
 
 # ---------------------------------------------------------------- MergeSFL
 def ref_mergesfl(setup, data, key, rounds):
+  """MergeSFL in loops.  Options as the Hydra authors' run_mergesfl.py:
+  ``grad_scale="client_mean"`` multiplies a client's slice of the merged
+  gradient by (merged samples / its samples); ``part1_copies = C``: client c
+  trains copy ``j mod C`` on its j-th batch of the round and copy C - 1 is
+  what gets averaged."""
   model, cut = setup.model, setup.cut
+  opts = dict(setup.options)
+  copies = opts.get("part1_copies", 10)
+  per_client = opts.get("grad_scale", "client_mean") == "client_mean"
   st = mergesfl.init(setup, key)
   part1, stats1 = st.part1, st.part1_stats
   part2, stats2, b2 = st.part2, st.part2_stats, zeros_like(st.part2)
@@ -326,13 +338,17 @@ def ref_mergesfl(setup, data, key, rounds):
   for r in range(rounds):
     _, clients, sizes, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
     n = len(clients)
-    p1, s1, b1 = [part1] * n, [stats1] * n, [zeros_like(part1)] * n
+    p1 = [[part1] * copies for _ in range(n)]
+    s1 = [[stats1] * copies for _ in range(n)]
+    b1 = [[zeros_like(part1)] * copies for _ in range(n)]
+    served = [0] * n
     lsum = 0.0
     for t in range(idx.shape[0]):
-      xs, ys, acts, ns1 = [], [], [], []
+      xs, ys, acts, ns1, k = [], [], [], [], []
       for c in range(n):
+        k.append(served[c] % copies)
         x, y = batching.gather(data, idx[t, c])
-        a, s = ref_fwd(model, p1[c], s1[c], x, mask[t, c])
+        a, s = ref_fwd(model, p1[c][k[c]], s1[c][k[c]], x, mask[t, c])
         xs.append(x), ys.append(y), acts.append(a), ns1.append(s)
       if not mask[t].any():
         continue
@@ -345,18 +361,32 @@ def ref_mergesfl(setup, data, key, rounds):
       for c in range(n):
         if not mask[t, c].any():
           continue
-        g1 = ref_bwd(model, p1[c], s1[c], xs[c], mask[t, c], ga[c * B:(c + 1) * B])
-        p1[c], b1[c] = ref_sgd(p1[c], g1, b1[c], lr, setup)
-        s1[c] = ns1[c]
-    part1, stats1 = ref_avg(p1, sizes), ref_avg(s1, sizes)
+        g = ga[c * B:(c + 1) * B]
+        if per_client:
+          g = g * (mask[t].sum() / mask[t, c].sum())
+        g1 = ref_bwd(model, p1[c][k[c]], s1[c][k[c]], xs[c], mask[t, c], g)
+        p1[c][k[c]], b1[c][k[c]] = ref_sgd(p1[c][k[c]], g1, b1[c][k[c]], lr, setup)
+        s1[c][k[c]] = ns1[c]
+        served[c] += 1
+    part1 = ref_avg([p[-1] for p in p1], sizes)
+    stats1 = ref_avg([s[-1] for s in s1], sizes)
     losses.append(lsum / mask.sum())
   return (part1, stats1, part2, stats2), losses
 
 
-def test_mergesfl_equals_loop():
+MERGE_CASES = {  # (grad_scale, part1_copies, local_epochs)
+    "paper": ("merged", 1, 1), "client_mean": ("client_mean", 1, 1),
+    "authors": ("client_mean", 3, 2)}
+
+
+@pytest.mark.parametrize("case", sorted(MERGE_CASES))
+def test_mergesfl_equals_loop(case):
+  scale, copies, epochs = MERGE_CASES[case]
+  setup = PARTIAL.replace(local_epochs=epochs, options=(
+      ("grad_scale", scale), ("part1_copies", copies)))
   key = jax.random.key(16)
-  state, losses = run_rounds(mergesfl, PARTIAL, DATA, key, 2)
-  (p1, s1, p2, s2), ref_losses = ref_mergesfl(PARTIAL, DATA, key, 2)
+  state, losses = run_rounds(mergesfl, setup, DATA, key, 2)
+  (p1, s1, p2, s2), ref_losses = ref_mergesfl(setup, DATA, key, 2)
   chex.assert_trees_all_close(state.part1, p1, **TOL)
   chex.assert_trees_all_close(state.part1_stats, s1, **TOL)
   chex.assert_trees_all_close(state.part2, p2, **TOL)
@@ -370,8 +400,9 @@ def test_one_client_splitnn_and_mergesfl_equal_sfl():
   the server's persists, the client's lives one round."""
   key = jax.random.key(17)
   ref, l_ref = run_rounds(sfl, ONE, DATA1, key, 2)
-  for mod in (splitnn, mergesfl):
-    a, la = run_rounds(mod, ONE, DATA1, key, 2)
+  one_copy = ONE.replace(options=(("part1_copies", 1),))
+  for mod, setup in ((splitnn, ONE), (mergesfl, one_copy)):
+    a, la = run_rounds(mod, setup, DATA1, key, 2)
     chex.assert_trees_all_close(a.part1 + a.part2, ref.part1 + ref.part2, **TOL)
     chex.assert_trees_all_close(a.part1_stats + a.part2_stats,
                                 ref.part1_stats + ref.part2_stats, **TOL)

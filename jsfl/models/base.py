@@ -47,6 +47,8 @@ class StagedModel:
     default_head_cut: Hydra's part-2a / heads cut used when none is given.
     stage_names: one short name per stage, for docs and error messages.
     head_cuts: named Hydra head cuts (e.g. MobileNetV1 "small" / "large").
+    init_scheme: layer initialisation (:mod:`jsfl.models.inits`): ``"torch"``
+      or ``"he_lecun"`` (the stages' own draws).
   """
 
   name: str
@@ -57,6 +59,7 @@ class StagedModel:
   default_head_cut: int
   stage_names: tuple[str, ...]
   head_cuts: tuple = ()  # ((name, cut), ...): hashable presets
+  init_scheme: str = "he_lecun"
 
   def __post_init__(self):
     stages = nnx.eval_shape(lambda: list(self.build(nnx.Rngs(0))))
@@ -90,7 +93,10 @@ class StagedModel:
 
   def init(self, key: jax.Array) -> tuple[Params, Stats]:
     """Fresh ``(params, stats)``; traceable, so it can be vmapped over seeds."""
-    stages = self.build(nnx.Rngs(params=key))
+    from jsfl.models import inits  # it imports the layers, which import this module
+    k_build, k_init = jax.random.split(key)
+    stages = self.build(nnx.Rngs(params=k_build))
+    inits.apply(self.init_scheme, stages, k_init)
     params, stats = [], []
     for s in stages:
       _, p, b, _ = nnx.split(s, nnx.Param, nnx.BatchStat, ...)
@@ -176,14 +182,19 @@ def model_names() -> tuple[str, ...]:
   return tuple(sorted(_REGISTRY))
 
 
-def get_model(name: str, input_shape, num_classes: int, **options: Any) -> StagedModel:
-  """Builds a registered model; unknown names give a clear ValueError, as
-  does an input too small for it."""
+def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
+              **options: Any) -> StagedModel:
+  """Builds a registered model initialised by ``init``
+  (:data:`jsfl.models.inits.INITS`); unknown names give a clear ValueError,
+  as does an input too small for it."""
   if name not in _REGISTRY:
     raise ValueError(f"model={name!r}; allowed: {', '.join(model_names())}")
+  from jsfl.models.inits import INITS
+  if init not in INITS:
+    raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
   try:
     return _cached(name, tuple(input_shape), int(num_classes),
-                   tuple(sorted(options.items())))
+                   tuple(sorted(options.items())), init)
   except InputTooSmall as e:
     # The net for models without their own check_input_size.
     raise ValueError(f"{name}: input_shape={tuple(input_shape)!r} is too small "
@@ -193,10 +204,11 @@ def get_model(name: str, input_shape, num_classes: int, **options: Any) -> Stage
 _CACHE: dict = {}
 
 
-def _cached(name, input_shape, num_classes, options):
-  key = (name, input_shape, num_classes, options)
+def _cached(name, input_shape, num_classes, options, init):
+  key = (name, input_shape, num_classes, options, init)
   if key not in _CACHE:
-    _CACHE[key] = _REGISTRY[name](input_shape, num_classes, **dict(options))
+    model = _REGISTRY[name](input_shape, num_classes, **dict(options))
+    _CACHE[key] = dataclasses.replace(model, init_scheme=init)
   return _CACHE[key]
 
 
