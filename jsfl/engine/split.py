@@ -36,7 +36,7 @@ import optax
 from flax import struct
 from jax import lax
 
-from jsfl.engine import batching, common
+from jsfl.engine import batching, common, schedule
 from jsfl.methods.base import fresh_opt_states, map_clients, plan_round, round_metrics
 
 
@@ -153,12 +153,23 @@ def sequential(one: Callable, unroll: int = 1) -> Callable:
   return serve
 
 
-def merged(one: Callable) -> Callable:
-  """The participants' batches as one server batch (one update a step)."""
+def merged(one: Callable, per_client_mean: bool = False) -> Callable:
+  """The participants' batches as one server batch (one update a step).
+
+  ``per_client_mean``: each participant gets the gradient of its own batch's
+  mean loss (the merged mean's gradient times ``merged samples / its
+  samples``), as the Hydra authors' MergeSFL sends it; else its share of the
+  merged mean's gradient.
+  """
   def serve(server, acts, y, mask, order):
     flat = lambda a: a.reshape((-1,) + a.shape[2:])
     server, g, lsum = one(server, flat(acts), flat(y), flat(mask), None)
-    return server, g.reshape(acts.shape), lsum
+    g = g.reshape(acts.shape)
+    if per_client_mean:
+      own = jnp.sum(mask, axis=1).astype(g.dtype)
+      scale = jnp.sum(own) / jnp.maximum(own, 1.0)
+      g = g * scale.reshape((-1,) + (1,) * (g.ndim - 1))
+    return server, g, lsum
   return serve
 
 
@@ -274,12 +285,12 @@ class SplitRound(NamedTuple):
   """A split round's outcome, before the method writes its next state."""
 
   plan: Any              # base.RoundPlan
-  orders: jax.Array      # (T, n) processing order of every batch step
+  orders: jax.Array      # (S, n) processing order of every segment (schedule.py)
   clients: Portion       # (n, ...) trained client portions
   part1: Any             # aggregated part-1 params (None: not aggregated)
   part1_stats: Any
   server: Any            # the server carry after the round
-  loss_sums: jax.Array   # (T,)
+  loss_sums: jax.Array   # (S,)
 
 
 def sample_weighted(clients: Portion, plan):
@@ -297,7 +308,8 @@ def uniform(clients: Portion, plan):
 def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
                 starts: Callable | None = None,
                 aggregate: Callable | None = sample_weighted,
-                label_rank=None, plan=None, step_inputs=None) -> SplitRound:
+                label_rank=None, plan=None, step_inputs=None,
+                copies: int = 1) -> SplitRound:
   """One round of a split method.
 
   Args:
@@ -316,13 +328,20 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
       fresh optimiser states.
     aggregate: ``(clients, plan) -> (part1, part1_stats)``; None leaves the
       trained portions unaggregated (``SplitRound.clients`` holds them).
-    label_rank: the run's label cycle, for the cyclic processing orders;
-      None serves participants in ascending id order every step.
+    label_rank: the run's label cycle: the server's schedule follows
+      ``setup.order`` under ``setup.order_rule`` (:mod:`jsfl.engine.schedule`);
+      None serves participants batch step by batch step in ascending id
+      order (servers that are not sequential).
     plan: the round's ``base.RoundPlan`` when the method draws it itself
       (MultiSFL assigns participants to branches); None draws it from
       ``key``.
+    copies: part-1 copies per participant, used round robin over its
+      batches (its j-th batch of the round trains copy ``j mod copies``; all
+      start from the same portion); ``SplitRound.clients`` then has a copy
+      axis after the participant axis (MergeSFL in the Hydra authors' code).
     step_inputs: a pytree with a leading batch-step axis; each step's slice
-      reaches the server rule as ``Step.extra`` (MultiSFL's replay shares).
+      reaches the server rule as ``Step.extra`` (MultiSFL's replay shares;
+      only with ``label_rank=None``, where segments are batch steps).
 
   Returns:
     :class:`SplitRound`.
@@ -331,29 +350,48 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
     plan = plan_round(setup, data, key, state.round)
   n, num_steps = setup.clients_per_round, plan.idx.shape[0]
   if label_rank is None:
-    orders = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (num_steps, n))
+    sched = schedule.steps(jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32),
+                                            (num_steps, n)))
   else:
-    orders = common.processing_orders(setup.order, plan.order_key, num_steps,
-                                      plan.clients, data["dominant"], label_rank)
+    if step_inputs is not None:
+      raise ValueError("step_inputs need the batch-step schedule (label_rank=None)")
+    sched = schedule.round_schedule(setup, plan.order_key, plan.mask, plan.clients,
+                                    data["dominant"], label_rank)
   if starts is None:
     clients = fresh_stack(plan, common.broadcast(state.part1, n),
                           common.broadcast(state.part1_stats, n))
   else:
     clients = starts(plan)
 
-  def one_step(carry, batch):
-    idx, mask, order, extra = batch
-    x, y = batching.gather(data, idx)
-    step = Step(x, y, idx, mask, extra, carry[0])
-    clients, srv, lsum = batch_step(setup, plan.tx, *carry, step, order,
-                                    serve(plan, step))
-    return (clients, srv), lsum
+  who = jnp.arange(n)
+  has = jnp.any(plan.mask, axis=2)  # (T, n)
+  if copies > 1:
+    clients = jax.tree.map(
+        lambda a: jnp.broadcast_to(a[:, None], (n, copies) + a.shape[1:]), clients)
+    nth = jnp.cumsum(has, axis=0) - 1  # a step's batch is the participant's nth
+    copy = nth[jnp.maximum(sched.src, 0), who] % copies
+  else:
+    copy = jnp.zeros_like(sched.src)
 
+  def one_step(carry, segment):
+    src, order, k, extra = segment
+    idx = plan.idx[jnp.maximum(src, 0), who]
+    mask = plan.mask[jnp.maximum(src, 0), who] & (src >= 0)[:, None]
+    x, y = batching.gather(data, idx)
+    stack, srv = carry
+    current = stack if copies == 1 else jax.tree.map(lambda a: a[who, k], stack)
+    step = Step(x, y, idx, mask, extra, current)
+    current, srv, lsum = batch_step(setup, plan.tx, current, srv, step, order,
+                                    serve(plan, step))
+    if copies > 1:
+      current = jax.tree.map(lambda a, v: a.at[who, k].set(v), stack, current)
+    return (current, srv), lsum
+
+  live = jnp.any(has[jnp.maximum(sched.src, 0), who] & (sched.src >= 0), axis=1)
   (clients, srv), lsums = common.scan_live(
-      one_step, (clients, server(plan)), (plan.idx, plan.mask, orders, step_inputs),
-      common.live_steps(plan.mask))
+      one_step, (clients, server(plan)), (sched.src, sched.order, copy, step_inputs), live)
   part1, stats1 = aggregate(clients, plan) if aggregate else (None, None)
-  return SplitRound(plan, orders, clients, part1, stats1, srv, lsums)
+  return SplitRound(plan, sched.order, clients, part1, stats1, srv, lsums)
 
 
 def metrics(out: SplitRound) -> dict:
