@@ -95,17 +95,33 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "cut": _f(int, -1, "part-1 / part-2 cut index; -1 = the model's default",
                  range="[-1, inf)"),
         "norm": _f(str, "", "normalisation; '' = the model's default", ("", "batch", "group", "none")),
+        "init": _f(str, "torch", "layer initialisation: torch = PyTorch's defaults (weights "
+                   "and biases uniform in +-1/sqrt(fan_in), what the papers' code runs); "
+                   "he_lecun = He-normal convolutions, LeCun-normal dense layers, zero "
+                   "biases", ("torch", "he_lecun")),
         "conv_impl": _f(str, "auto", "dense conv lowering", ("auto", "xla", "im2col")),
         "depthwise_impl": _f(str, "auto", "depthwise conv lowering", ("auto", "grouped", "shifts")),
     },
     "method": {
         "name": _f(str, "sfl", "method", tuple(METHODS)),
-        "order": _f(str, "random", "server processing order (SPEC 1.2)",
+        "order": _f(str, "random", "server processing order",
                     ("random", "cyclic", "cyclic_reverse", "fixed")),
+        "order_rule": _f(str, "authors", "how the order meets the batches: authors = the "
+                         "Hydra authors' server queue (random: a uniformly random client "
+                         "with batches left at every server step; cyclic: "
+                         "batches_per_turn batches per client turn); steps = the paper's "
+                         "batch steps (every client's batch t in step t's order; random: "
+                         "a fresh permutation per step)", ("authors", "steps")),
+        "batches_per_turn": _f(int, 1, "cyclic orders under order_rule = authors: batches "
+                               "of one client the server takes in a row (the authors' "
+                               "phi)", range="[1, 100000]"),
         "clients_per_round": _f(int, 0, "participants n per round; 0 = all K",
                                 range="[0, inf)"),
         "local_epochs": _f(int, 1, "local epochs E per round", range="[1, 1000]"),
         "batch_size": _f(int, 64, "batch size B", range="[1, 65536]"),
+        "drop_last": _f(bool, False, "leave out every client's last partial batch of an "
+                        "epoch (PyTorch's DataLoader drop_last; the Hydra authors' code "
+                        "drops it)"),
     },
     "optim": {
         "lr": _f(float, 0.05, "learning rate", range="(0, inf)", batchable=True),
@@ -113,6 +129,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                        batchable=True),
         "lr_min": _f(float, 0.0, "floor of the decayed lr", range="[0, inf)",
                      batchable=True),
+        "lr_decay_start": _f(int, 1, "first round (0-based) whose lr is decayed: round r "
+                             "trains at lr * lr_decay^max(r - start + 1, 0)",
+                             range="[1, 1000000]"),
         "momentum": _f(float, 0.0, "SGD momentum", range="[0, 1)"),
         "weight_decay": _f(float, 0.0, "SGD weight decay (PyTorch semantics)",
                            range="[0, inf)"),
@@ -293,6 +312,11 @@ def _check_ranges(cfg):
   if not 0 <= n <= k:
     raise ConfigError(f"method.clients_per_round={n!r}; allowed: 0 (all) or an "
                       f"int in [1, partition.num_clients={k}]")
+  me = cfg["method"]
+  if me["batches_per_turn"] > 1 and me["order_rule"] != "authors":
+    raise ConfigError(f"method.batches_per_turn={me['batches_per_turn']!r} with "
+                      f"method.order_rule={me['order_rule']!r}; allowed: 1, or "
+                      "order_rule = 'authors' (the steps rule serves one batch per step)")
   seed, seeds = cfg["run"]["seed"], cfg["run"]["seeds"]
   if seed + seeds - 1 > INT32_MAX:
     raise ConfigError(f"run.seed={seed!r} with run.seeds={seeds}; allowed: run.seed + "

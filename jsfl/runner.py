@@ -184,7 +184,8 @@ def build_model(cfg: dict, input_shape, num_classes: int):
                                   if m_cfg["depthwise_impl"] == "auto"
                                   else m_cfg["depthwise_impl"])
   try:
-    model = get_model(m_cfg["name"], input_shape, num_classes, **model_opts)
+    model = get_model(m_cfg["name"], input_shape, num_classes, init=m_cfg["init"],
+                      **model_opts)
   except TypeError as e:
     raise config_lib.ConfigError(_model_options_error(m_cfg["name"], model_opts, e)) from None
   except ValueError as e:
@@ -209,8 +210,10 @@ def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
   return Setup(
       model=model, num_clients=K, clients_per_round=n, max_size=max_size,
       batch_size=me_cfg["batch_size"], local_epochs=me_cfg["local_epochs"],
-      cut=cut, order=me_cfg["order"], lr=o_cfg["lr"], lr_decay=o_cfg["lr_decay"],
-      lr_min=o_cfg["lr_min"], momentum=o_cfg["momentum"],
+      cut=cut, order=me_cfg["order"], order_rule=me_cfg["order_rule"],
+      batches_per_turn=me_cfg["batches_per_turn"], drop_last=me_cfg["drop_last"],
+      lr=o_cfg["lr"], lr_decay=o_cfg["lr_decay"], lr_min=o_cfg["lr_min"],
+      lr_decay_start=o_cfg["lr_decay_start"], momentum=o_cfg["momentum"],
       weight_decay=o_cfg["weight_decay"],
       client_exec=(default_client_exec(n) if x_cfg["client_exec"] == "auto"
                    else x_cfg["client_exec"]),

@@ -27,6 +27,18 @@ def test_epoch_batches_cover_each_client_once():
   assert mask[:, 0].sum(1).tolist() == [2, 1, 0]
 
 
+def test_drop_last_leaves_out_a_fresh_remainder_every_epoch():
+  table = jnp.array([[5, 6, 7, 0, 0], [1, 2, 3, 4, 9], [8, 0, 0, 0, 0]], jnp.int32)
+  sizes = jnp.array([3, 5, 1])
+  idx, mask = batching.round_batches(jax.random.key(0), table, sizes, 2, 8, drop_last=True)
+  idx, mask = np.asarray(idx).reshape(8, 3, 3, 2), np.asarray(mask).reshape(8, 3, 3, 2)
+  # full batches only: 1, 2 and 0 of them; the smallest client has no batch
+  assert mask.sum(axis=(1, 3)).tolist() == [[2, 4, 0]] * 8
+  assert mask.all(axis=3)[mask.any(axis=3)].all()
+  kept = [frozenset(idx[e, :, 1][mask[e, :, 1]].tolist()) for e in range(8)]
+  assert all(k < {1, 2, 3, 4, 9} for k in kept) and len(set(kept)) > 1
+
+
 def test_epochs_are_reshuffled():
   table = jnp.arange(40, dtype=jnp.int32)[None]
   idx, mask = batching.round_batches(jax.random.key(1), table, jnp.array([40]), 8, 2)
@@ -108,6 +120,12 @@ def test_every_round_returns_its_bytes():
 def test_lr_schedule_has_a_floor():
   lr = [float(common.round_lr(0.05, 0.5, 0.01, jnp.int32(r))) for r in range(5)]
   np.testing.assert_allclose(lr, [0.05, 0.025, 0.0125, 0.01, 0.01])
+
+
+def test_lr_decay_can_start_later():
+  """The Hydra authors' FL baseline: ``if epoch > 1`` decays from round 2 on."""
+  lr = [float(common.round_lr(0.05, 0.5, 0.0, jnp.int32(r), start=2)) for r in range(4)]
+  np.testing.assert_allclose(lr, [0.05, 0.05, 0.025, 0.0125])
 
 
 # ------------------------------------------------------------- seed axis

@@ -23,7 +23,8 @@ def steps_per_epoch(max_size: int, batch_size: int) -> int:
   return max(1, math.ceil(max_size / batch_size))
 
 
-def epoch_batches(key, table, sizes, batch_size: int, client_ids=None):
+def epoch_batches(key, table, sizes, batch_size: int, client_ids=None,
+                  drop_last: bool = False):
   """One epoch's batches for each client row of ``table``.
 
   A client's permutation depends only on ``(key, client id, position)``, never
@@ -36,6 +37,9 @@ def epoch_batches(key, table, sizes, batch_size: int, client_ids=None):
     sizes: ``(n,)`` valid entries per row.
     batch_size: B.
     client_ids: ``(n,)`` ids the rows belong to (default ``arange(n)``).
+    drop_last: leave out each client's last partial batch (a different
+      remainder every epoch, as PyTorch's ``DataLoader(shuffle=True,
+      drop_last=True)``); a client smaller than B then has no batch.
 
   Returns:
     ``(idx, mask)`` of shape ``(nb, n, B)``: sample indices and validity, with
@@ -53,18 +57,19 @@ def epoch_batches(key, table, sizes, batch_size: int, client_ids=None):
   pad = nb * batch_size - max_n
   perm = jnp.pad(perm, ((0, 0), (0, pad)))
   idx = jnp.take_along_axis(table, jnp.minimum(perm, max_n - 1), axis=1)
-  mask = jnp.arange(nb * batch_size)[None, :] < sizes[:, None]
+  kept = (sizes // batch_size) * batch_size if drop_last else sizes
+  mask = jnp.arange(nb * batch_size)[None, :] < kept[:, None]
   idx = idx.reshape(n, nb, batch_size).transpose(1, 0, 2)
   mask = mask.reshape(n, nb, batch_size).transpose(1, 0, 2)
   return idx, mask
 
 
 def round_batches(key, table, sizes, batch_size: int, epochs: int,
-                  client_ids=None):
+                  client_ids=None, drop_last: bool = False):
   """``epochs`` freshly shuffled epochs concatenated: ``(E*nb, n, B)``."""
   keys = jax.random.split(key, epochs)
   idx, mask = jax.vmap(
-      lambda k: epoch_batches(k, table, sizes, batch_size, client_ids))(keys)
+      lambda k: epoch_batches(k, table, sizes, batch_size, client_ids, drop_last))(keys)
   return (idx.reshape((-1,) + idx.shape[2:]), mask.reshape((-1,) + mask.shape[2:]))
 
 

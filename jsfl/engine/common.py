@@ -44,9 +44,12 @@ def with_lr(opt_state, lr):
   return opt_state._replace(hyperparams=hp)
 
 
-def round_lr(base_lr, decay, floor, round_idx):
-  """``max(lr * decay**r, floor)``: Hydra's per-round decay with a floor."""
-  return jnp.maximum(base_lr * decay ** round_idx.astype(jnp.float32), floor)
+def round_lr(base_lr, decay, floor, round_idx, start: int = 1):
+  """``max(lr * decay**max(r - start + 1, 0), floor)``: Hydra's per-round decay
+  with a floor, first applied in round ``start`` (the authors' FL baseline
+  starts a round later than their split methods: ``start = 2``)."""
+  steps = jnp.maximum(round_idx.astype(jnp.float32) - (start - 1), 0.0)
+  return jnp.maximum(base_lr * decay ** steps, floor)
 
 
 def gate(active, new, old):

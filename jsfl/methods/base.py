@@ -42,9 +42,13 @@ class Setup:
   local_epochs: int = 1
   cut: int = 2
   order: str = "random"
+  order_rule: str = "authors"  # engine.schedule.RULES
+  batches_per_turn: int = 1   # cyclic orders under order_rule="authors"
+  drop_last: bool = False     # a client's last partial batch of an epoch is left out
   lr: float = 0.05
   lr_decay: float = 1.0
   lr_min: float = 0.0
+  lr_decay_start: int = 1     # first decayed round
   momentum: float = 0.0
   weight_decay: float = 0.0
   client_exec: str = "vmap"
@@ -99,9 +103,11 @@ def plan_round(setup: Setup, data, key, round_idx) -> RoundPlan:
                                   setup.clients_per_round)
   sizes = data["sizes"][clients]
   idx, mask = batching.round_batches(k_batch, data["table"][clients], sizes,
-                                     setup.batch_size, setup.local_epochs, clients)
+                                     setup.batch_size, setup.local_epochs, clients,
+                                     drop_last=setup.drop_last)
   tx = common.make_optimizer(setup.momentum, setup.weight_decay)
-  lr = common.round_lr(setup.lr, setup.lr_decay, setup.lr_min, round_idx)
+  lr = common.round_lr(setup.lr, setup.lr_decay, setup.lr_min, round_idx,
+                       setup.lr_decay_start)
   return RoundPlan(clients, sizes, idx, mask, k_order, tx, lr)
 
 
