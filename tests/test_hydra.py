@@ -46,6 +46,33 @@ def ref_grouping(rho, table, G):
   return np.array([group[c] for c in range(rho.shape[0])])
 
 
+def ref_table_grouping(rho, table):
+  """The authors' grouping: client -> the group of its most frequent label."""
+  return np.array([table[int(np.argmax(r))] for r in rho])
+
+
+def test_authors_tables_are_their_client_tables():
+  """``superclasses="authors"`` is test_hydra_heads.py's ``teams_5`` /
+  ``teams_2`` (client id -> head, client i dominant in label i), as labels."""
+  teams_5 = {0: 0, 1: 1, 2: 0, 3: 3, 4: 4, 5: 3, 6: 4, 7: 3, 8: 2, 9: 1}
+  teams_2 = {0: 1, 1: 1, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 1, 9: 1}
+  for G, teams in ((5, teams_5), (2, teams_2)):
+    table = hydra.superclass_table("authors", 10, G)
+    rho = np.eye(10, dtype=np.int32) * 50 + 3  # client c dominant in label c
+    got = np.asarray(hydra.group_by_table(rho, table))
+    assert got.tolist() == [teams[c] for c in range(10)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_table_grouping_equals_loop(seed):
+  rng = np.random.default_rng(seed)
+  rho = rng.integers(0, 20, (12, 10))
+  for name, G in (("authors", 5), ("cifar10", 2), ("consecutive", 3)):
+    table = hydra.superclass_table(name, 10, G)
+    np.testing.assert_array_equal(hydra.group_by_table(rho, table),
+                                  ref_table_grouping(rho, table))
+
+
 def test_grouping_hand_case():
   rho = np.array([[5, 0, 1], [0, 9, 0], [5, 1, 0], [0, 0, 3], [2, 2, 2]])
   # g0 takes client 0 (tie with 2, lowest id), g1 client 1, g2 client 3,
@@ -141,9 +168,11 @@ def ref_hydra(setup, data, key, rounds):
   """Hydra with loops over rounds, steps, clients (in order) and heads."""
   G = hydra.num_groups(setup)
   st = hydra.init(setup, key)
-  table = hydra.superclass_table(dict(setup.options).get("superclasses", "consecutive"),
-                                 setup.num_classes, G)
-  group = ref_grouping(np.asarray(data["counts"]), table, G)
+  opts = dict(setup.options)
+  table = hydra.superclass_table(opts.get("superclasses", "authors"), setup.num_classes, G)
+  rho = np.asarray(data["counts"])
+  group = (ref_grouping(rho, table, G) if opts.get("grouping") == "algorithm2"
+           else ref_table_grouping(rho, table))
   server = HydraRefServer(setup, st, group)
   (part1, stats1), losses, _ = ref_split(setup, data, key, rounds, st.part1,
                                          st.part1_stats, server, st.label_rank)
@@ -154,12 +183,22 @@ CASES = {
     # K = G: one client per head; partial participation
     "cyclic": {"sizes": [13, 7, 20, 5], "order": "cyclic", "n": 3, "opts": {}},
     "random-G2": {"sizes": [13, 7, 20, 5, 9, 11], "order": "random", "n": 4,
-                  "opts": {"groups": 2}},
+                  "opts": {"groups": 2, "superclasses": "consecutive"}},
+    "random-G2-algorithm2": {"sizes": [13, 7, 20, 5, 9, 11], "order": "random", "n": 4,
+                             "opts": {"groups": 2, "superclasses": "consecutive",
+                                      "grouping": "algorithm2"}},
     "reverse": {"sizes": [13, 7, 20, 5, 9, 11], "order": "cyclic_reverse", "n": 6,
                 "opts": {}},
     # part-2a = a BatchNorm conv stage, heads = both dense stages
     "fixed-cut1": {"sizes": [13, 7, 20, 5], "order": "fixed", "n": 4,
                    "opts": {"head_cut": 2}, "cut": 1},
+    # the authors' server queue: random picks per server step, turns of 2
+    "random-authors-G2": {"sizes": [13, 7, 20, 5, 9, 11], "order": "random", "n": 5,
+                          "opts": {"groups": 2, "superclasses": "consecutive"},
+                          "setup": {"order_rule": "authors"}},
+    "cyclic-authors-turns": {"sizes": [13, 7, 20, 5, 9, 11], "order": "cyclic", "n": 6,
+                             "opts": {}, "setup": {"order_rule": "authors",
+                                                   "batches_per_turn": 2}},
 }
 
 
@@ -169,7 +208,8 @@ def test_hydra_equals_loop(case):
   K = len(c["sizes"])
   data = make_fed_data(c["sizes"], dominant=np.arange(K, dtype=np.int32) % 4)
   setup = make_setup(tiny_model(), data, order=c["order"], clients_per_round=c["n"],
-                     cut=c.get("cut", 2), options=tuple(sorted(c["opts"].items())))
+                     cut=c.get("cut", 2), options=tuple(sorted(c["opts"].items())),
+                     **c.get("setup", {}))
   key = jax.random.key(11)
   state, losses = run_rounds(hydra, setup, data, key, 2)
   (p1, s1, p2a, s2a, head, hs), ref_losses = ref_hydra(setup, data, key, 2)
@@ -245,18 +285,22 @@ SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_c
        "model.hidden=16", "exec.progress=false"]
 
 
-def test_hydra_run_directory(tmp_path):
+@pytest.mark.parametrize("grouping", ["table", "algorithm2"])
+def test_hydra_run_directory(tmp_path, grouping):
   out = tmp_path / "r"
   code = cli.main(["run", *SYN, f"run.dir={out}", "run.rounds=2", "run.seeds=2",
                    "partition.num_clients=8", "partition.name=dominant_label",
                    "partition.p=0.8", "method.name=hydra", "method.order=cyclic",
-                   "method.groups=2"])
+                   "method.groups=2", "method.superclasses=consecutive",
+                   f"method.grouping={grouping}"])
   assert code == 0
   groups = json.loads((out / "groups.json").read_text())
   assert groups["num_groups"] == 2 and groups["label_group"] == [0, 0, 1, 1]
   part = json.loads((out / "partition.json").read_text())
   for seed, p in zip(groups["seeds"], part["seeds"]):
-    want = ref_grouping(np.array(p["label_counts"]), np.array([0, 0, 1, 1]), 2)
+    rho, table = np.array(p["label_counts"]), np.array([0, 0, 1, 1])
+    want = (ref_grouping(rho, table, 2) if grouping == "algorithm2"
+            else ref_table_grouping(rho, table))
     assert seed["client_group"] == want.tolist()
     members = [c for g in seed["groups"] for c in g["clients"]]
     assert sorted(members) == list(range(8))

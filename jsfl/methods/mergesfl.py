@@ -28,9 +28,12 @@ share of the merged loss, not the mean loss of its batch alone.
 
 from __future__ import annotations
 
+import jax
+
 from jsfl.engine import split
 from jsfl.methods import sfl
 from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
+from jsfl.methods.registry import MergeSFLOptions
 
 # SFL's state (label_rank unused: MergeSFL has no processing order) and
 # init, so a seed starts both methods from one model.
@@ -40,12 +43,20 @@ init = sfl.init
 
 def serve(setup: Setup):
   """MergeSFL's server rule: one part-2 update on the merged batch."""
+  per_client = MergeSFLOptions.of(setup).grad_scale == "client_mean"
+
   def make(plan, step):
     def one(srv, act, y, mask, _):
       srv, g_a, lsum, _ = split.server_update(setup, plan.tx, srv, act, y, mask)
       return srv, g_a, lsum
-    return split.merged(one)
+    return split.merged(one, per_client_mean=per_client)
   return make
+
+
+def last_copy_averaged(clients: split.Portion, plan):
+  """The round's part-1: the participants' last copy, averaged as SFL's."""
+  last = jax.tree.map(lambda a: a[:, -1], clients)
+  return split.sample_weighted(last, plan)
 
 
 def round(setup: Setup, state: State, data, key):
@@ -61,8 +72,11 @@ def round(setup: Setup, state: State, data, key):
     ``(state, metrics)`` with ``loss``, ``samples`` and ``clients``
     (participants, ascending).
   """
+  copies = MergeSFLOptions.of(setup).part1_copies
   out = split.split_round(setup, state, data, key, server=sfl.server(state),
-                          serve=serve(setup))
+                          serve=serve(setup), copies=copies,
+                          aggregate=last_copy_averaged if copies > 1 else
+                          split.sample_weighted)
   return sfl.finish(state, out)
 
 

@@ -53,10 +53,28 @@ class MultiHeadOptions:
 
 
 register("multihead", "jsfl.methods.multihead", MultiHeadOptions)
-register("mergesfl", "jsfl.methods.mergesfl")
+
+MERGE_GRADS = ("client_mean", "merged")
+
+
+@option_set
+class MergeSFLOptions:
+  grad_scale: str = option("client_mean", "cut-layer gradient a client gets back: "
+                           "client_mean = that of its own batch's mean loss (the authors' "
+                           "code: the merged gradient times K), merged = its share of the "
+                           "merged batch's mean loss", choices=MERGE_GRADS)
+  part1_copies: int = option(10, "part-1 copies per client, used round robin over its "
+                             "batches, only the last one averaged at round end (the "
+                             "authors' code, whose default is 10: with fewer than 10 "
+                             "batches a round that copy never trains); 1 = one part-1 "
+                             "per client", range="[1, 1000]")
+
+
+register("mergesfl", "jsfl.methods.mergesfl", MergeSFLOptions)
 
 # ------------------------------------------------------------------- Hydra
-SUPERCLASS_NAMES = ("consecutive", "cifar10", "fashion_mnist")
+SUPERCLASS_NAMES = ("authors", "consecutive", "cifar10", "fashion_mnist")
+GROUPINGS = ("table", "algorithm2")
 
 
 # Ranges hold the sentinels (groups 0, head_cut -1) and a generous upper
@@ -69,8 +87,14 @@ class HydraOptions:
                          "`head` preset)", range="[-1, 10000]")
   head: str = option("", "named head length of the model (MobileNetV1: 'small' = last "
                      "2 stages, 'large' = from stage 20)")
-  superclasses: str = option("consecutive", "label -> group table when G < L",
+  superclasses: str = option("authors", "label -> group table when G < L: authors = the "
+                             "authors' code's tables (G = 5 or 2, 10 labels), cifar10 = the "
+                             "paper's CIFAR-10 tables, fashion_mnist, consecutive (any L, G)",
                              choices=SUPERCLASS_NAMES)
+  grouping: str = option("table", "which head a client trains: table = the head of its "
+                         "dominant label's group (the authors' code), algorithm2 = the "
+                         "paper's balanced assignment on the label counts",
+                         choices=GROUPINGS)
 
 
 register("hydra", "jsfl.methods.hydra", HydraOptions)
