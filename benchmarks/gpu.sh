@@ -39,8 +39,10 @@ vs_torch() {  # vs_torch MODEL
   if ((smoke)); then
     part "vs_torch_$1" vs_torch.py --models "$1" --methods sfl --width 0.125 --clients 2 \
       --seeds 1 --repeats 1 --torch-threads 1
-  else  # 100 clients x 8 seeds, SFL, Hydra, MultiSFL, plus the whole-model step
-    part "vs_torch_$1" vs_torch.py --models "$1" --clients 100 --seeds 8 --repeats 3 --central
+  else  # 10 clients x 1 and 8 seeds, SFL, Hydra, MultiSFL, plus the whole-model step
+    # (100 clients x 8 seeds side by side would hold ~90 GiB of MobileNetV1 part-1
+    # activations, more than an 80 GiB card)
+    part "vs_torch_$1" vs_torch.py --models "$1" --clients 10 --seeds 1 8 --repeats 3 --central
   fi
 }
 
@@ -52,7 +54,7 @@ for p in "${parts[@]}"; do
       if ((smoke)); then
         part throughput throughput.py --width 0.125 --clients 2 --seeds 1 --repeats 1
       else
-        part throughput throughput.py --clients 10 100 --seeds 1 8 --repeats 3
+        part throughput throughput.py --clients 10 100 --seeds 1 8 --repeats 3 --max-samples 12800
       fi ;;
     scaling)  # seeds 1..32 (and clients, devices) of one SFL program
       if ((smoke)); then

@@ -236,6 +236,8 @@ def main(argv=None):
                       "depthwise_impl": layers.default_depthwise_impl(),
                       "client_exec": "vmap", "seed_exec": "vmap"},
          "rows": []}
+  stamp = time.strftime("%Y%m%d-%H%M%S")
+  path = os.path.join(args.out, f"throughput-{jax.default_backend()}-{args.model}-{stamp}.json")
   print(f"# {res['machine']}")
   print("| clients | seeds | jsfl samples/s | loop samples/s | central samples/s | "
         "jsfl/loop | jsfl/central | jsfl compile+first (s) |")
@@ -252,7 +254,13 @@ def main(argv=None):
         print(f"| {clients} | {seeds} | skipped: over --max-samples |")
         res["rows"].append({"clients": clients, "seeds": seeds, "skipped": "max-samples"})
         continue
-      row = {"clients": clients, "seeds": seeds, "jsfl": bench_jsfl(args, clients, seeds)}
+      try:
+        row = {"clients": clients, "seeds": seeds, "jsfl": bench_jsfl(args, clients, seeds)}
+      except (RuntimeError, MemoryError) as e:  # e.g. a GPU out of memory: the next cell
+        print(f"| {clients} | {seeds} | error: {repr(e)[:100]} |", flush=True)
+        res["rows"].append({"clients": clients, "seeds": seeds, "error": repr(e)[:300]})
+        write(res, path)
+        continue
       if not args.skip_loop and seeds <= args.loop_max_seeds:
         row["loop"] = bench_loop(args, clients, seeds)
       row["central"] = central.get(clients)
@@ -267,6 +275,7 @@ def main(argv=None):
       print(f"| {clients} | {seeds} | {fmt(j)} | {fmt(lp)} | {fmt(ce)} | "
             f"{rat(row['ratio_vs_loop'])} | {rat(row['ratio_vs_central'])} | "
             f"{row['jsfl']['first_call_s']:.1f} |", flush=True)
+      write(res, path)
   if args.strategies:
     clients = min(args.clients)
     res["strategies"] = []
@@ -286,13 +295,18 @@ def main(argv=None):
       res["strategies"].append(r)
       print(f"| {ce_} | {seed_exec} | {conv_impl} | {dw} | {seeds} | "
             f"{r['samples_per_s']:,.0f} | {r['first_call_s']:.1f} |", flush=True)
-  os.makedirs(args.out, exist_ok=True)
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  path = os.path.join(args.out, f"throughput-{jax.default_backend()}-{args.model}-{stamp}.json")
-  with open(path, "w") as f:
-    json.dump(res, f, indent=1)
+      write(res, path)
+  write(res, path)
   print(f"\nwrote {path}")
   return res
+
+
+def write(res, path):
+  """The results so far, so a part stopped at its time limit still leaves its rows."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(res, f, indent=1)
+  os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
