@@ -1,0 +1,5 @@
+"""Placeholder (see ``flwr_datasets/__init__.py``)."""
+
+
+def plot_label_distributions(*args, **kwargs):
+  raise NotImplementedError("flwr_datasets placeholder")

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Turns the per-round logs of the Hydra authors' runs into jsfl's statistics.
+
+Usage: python3 parse.py LOG_DIR [--model small_cnn] [--rounds N] [--out FILE]
+                       [--csv FILE]
+
+Reads ``LOG_DIR/<model>/<cell>_seed<S>.jsonl`` (``jsfl_glue.record``, one file
+per run, see ``run.sh``) and writes one JSON object (stdout or ``--out``):
+
+  {"runs": [{"cell", "seed", "rounds": [{"round", "accuracy", "pg", "bw",
+             "train_s", ...}], "final": {...}}, ...],
+   "cells": {cell: {"config": {...}, "seeds": [...], "accuracy": {"median",
+             "std"}, "pg": ..., "bw": ..., "per_position": [...]}}}
+
+* ``accuracy`` (% of the 10k test set) and ``pg`` (percentage points) as
+  their code computes them; ``bw`` is jsfl's backward transfer (their
+  ``bw_score`` raises on the values it is given, see ``adapt.py``): at round
+  r, the mean over labels of the largest drop from an earlier round to r.
+* ``final`` per run, as ``jsfl report`` summarises a seed: the median of the
+  last 5 rounds of accuracy, PG and BW, and for cyclic orders the per-position
+  accuracy (label at position k of their client cycle; client i is dominant in
+  label i); ``samples_per_s`` (samples / training seconds, evaluation left
+  out) and ``samples_per_cpu_s``; ``s_per_round`` with evaluation.
+* ``cells``: per cell the seeds' figures, their median and population std
+  (jsfl report's statistic), and ``config``: the jsfl config fields of the
+  matching cell of ``../authors.toml``.
+* ``--csv``: the reference CSV ``jsfl report --reference`` reads: those
+  fields, ``reference`` (median accuracy) and ``reference_std``.
+
+Runs with fewer than ``--rounds`` rounds (default: the longest run's) are
+left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+# cell of run.sh -> the jsfl config fields of the same cell (../authors.toml);
+# an empty value matches any (the field does not apply).
+CELLS = {
+    "sfl_cyclic": ("sfl", "cyclic", 1, ""),
+    "hydra_cyclic": ("hydra", "cyclic", 1, 0),
+    "sfl_random": ("sfl", "random", 1, ""),
+    "hydra_random": ("hydra", "random", 1, 0),
+    "sfl_cyclic_phi10": ("sfl", "cyclic", 10, ""),
+    "hydra_cyclic_phi10": ("hydra", "cyclic", 10, 0),
+    "hydra_cyclic_phi10_g5": ("hydra", "cyclic", 10, 5),
+    "hydra_cyclic_phi10_g2": ("hydra", "cyclic", 10, 2),
+    "splitfedv1": ("splitfedv1", "", "", ""),
+    "splitfedv3": ("splitfedv3", "", "", ""),
+    "multihead": ("multihead", "", "", ""),
+    "mergesfl": ("mergesfl", "", "", ""),
+}
+FIELDS = ("method.name", "method.order", "method.batches_per_turn", "method.groups")
+LAST = 5
+
+
+def backward_transfer(history):
+  """jsfl's BW over ``history`` (rounds x labels, %), None before round 2."""
+  if len(history) < 2:
+    return None
+  last = history[-1]
+  drops = [max(h[lab] - last[lab] for h in history[:-1]) for lab in range(len(last))]
+  return sum(drops) / len(drops)
+
+
+def read_run(path):
+  recs = {}
+  with open(path) as f:
+    for line in f:
+      if line.strip():
+        r = json.loads(line)
+        recs[r["round"]] = r  # a restarted run's later lines win
+  rounds, history = [], []
+  for k in sorted(recs):
+    r = recs[k]
+    history.append(r["per_label"])
+    rounds.append({"round": k, "accuracy": r["accuracy"], "pg": r["pg"],
+                   "bw": backward_transfer(history), "per_label": r["per_label"],
+                   "label_order": r.get("label_order"), "samples": r["samples"],
+                   "train_s": r["train_s"], "train_cpu_s": r["train_cpu_s"],
+                   "eval_s": r["eval_s"]})
+  return rounds
+
+
+def median_last(rounds, key):
+  vals = [r[key] for r in rounds[-LAST:] if r[key] is not None]
+  return statistics.median(vals) if vals else None
+
+
+def final(rounds):
+  out = {"rounds_done": len(rounds), "accuracy": median_last(rounds, "accuracy"),
+         "pg": median_last(rounds, "pg"), "bw": median_last(rounds, "bw"),
+         "last": rounds[-1]["accuracy"]}
+  order = rounds[-1]["label_order"]
+  if order:
+    per = [[r["per_label"][lab] for lab in order] for r in rounds[-LAST:]]
+    out["per_position"] = [statistics.median(col) for col in zip(*per)]
+  samples = sum(r["samples"] for r in rounds)
+  out["samples_per_s"] = samples / sum(r["train_s"] for r in rounds)
+  out["samples_per_cpu_s"] = samples / sum(r["train_cpu_s"] for r in rounds)
+  out["s_per_round"] = statistics.median(r["train_s"] + r["eval_s"] for r in rounds)
+  out["train_s_per_round"] = statistics.median(r["train_s"] for r in rounds)
+  return out
+
+
+def spread(values):
+  values = [v for v in values if v is not None]
+  if not values:
+    return None
+  return {"median": statistics.median(values), "std": statistics.pstdev(values)}
+
+
+def parse(log_dir, model, rounds=None):
+  runs = []
+  for path in sorted(glob.glob(os.path.join(log_dir, model, "*_seed*.jsonl"))):
+    m = re.fullmatch(r"(.+)_seed(\d+)\.jsonl", os.path.basename(path))
+    rs = read_run(path)
+    if m and rs:
+      runs.append({"cell": m.group(1), "seed": int(m.group(2)), "rounds": rs})
+  want = rounds or max((len(r["rounds"]) for r in runs), default=0)
+  runs = [r for r in runs if len(r["rounds"]) >= want]
+  for r in runs:
+    r["rounds"] = r["rounds"][:want]
+    r["final"] = final(r["rounds"])
+  cells = {}
+  for cell in CELLS:
+    mine = sorted((r for r in runs if r["cell"] == cell), key=lambda r: r["seed"])
+    if not mine:
+      continue
+    c = {"config": dict(zip(FIELDS, CELLS[cell])), "seeds": [r["seed"] for r in mine],
+         "rounds": want}
+    for key in ("accuracy", "pg", "bw", "samples_per_s", "samples_per_cpu_s",
+                "s_per_round", "train_s_per_round"):
+      c[key] = spread([r["final"][key] for r in mine])
+    if all("per_position" in r["final"] for r in mine):
+      c["per_position"] = [statistics.median(col) for col in
+                           zip(*(r["final"]["per_position"] for r in mine))]
+    cells[cell] = c
+  return {"model": model, "runs": runs, "cells": cells}
+
+
+def reference_csv(res, notes):
+  lines = [f"# {n}" for n in notes]
+  lines.append(",".join(FIELDS + ("reference", "reference_std")))
+  for c in res["cells"].values():
+    acc = c["accuracy"]
+    lines.append(",".join(str(c["config"][f]) for f in FIELDS)
+                 + f",{acc['median']:.2f},{acc['std']:.2f}")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("log_dir")
+  ap.add_argument("--model", default="small_cnn", choices=("small_cnn", "mobilenet"))
+  ap.add_argument("--rounds", type=int, default=None)
+  ap.add_argument("--out", default=None)
+  ap.add_argument("--csv", default=None)
+  args = ap.parse_args(argv)
+  res = parse(args.log_dir, args.model, args.rounds)
+  if not res["cells"]:
+    print(f"parse.py: no finished run under {args.log_dir}/{args.model}", file=sys.stderr)
+    return 2
+  text = json.dumps(res, indent=1)
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(text + "\n")
+  else:
+    print(text)
+  if args.csv:
+    seeds = sorted({s for c in res["cells"].values() for s in c["seeds"]})
+    notes = [f"The Hydra authors' code (authors_code/, {args.model}) on the same setting: per "
+             f"seed the median accuracy of the last {LAST} of {next(iter(res['cells'].values()))['rounds']} "
+             "rounds, then the median (and population std) over seeds "
+             f"{', '.join(map(str, seeds))}."]
+    with open(args.csv, "w") as f:
+      f.write(reference_csv(res, notes))
+  for cell, c in res["cells"].items():
+    print(f"{cell:24s} seeds {len(c['seeds'])}  acc {c['accuracy']['median']:6.2f} +- "
+          f"{c['accuracy']['std']:.2f}  PG {c['pg']['median']:6.2f}  BW "
+          f"{(c['bw'] or {}).get('median', float('nan')):6.2f}  "
+          f"{c['samples_per_s']['median']:7.0f} samples/s", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
