@@ -257,7 +257,7 @@ def read_reference(path: str) -> tuple[list[dict], list[str]]:
   numbered = [(n, ln) for n, ln in enumerate(lines, 1)
               if ln.strip() and not ln.startswith("#")]
   rows = list(csv.DictReader([ln for _, ln in numbered]))
-  head = list(rows[0]) if rows else []
+  head = next(csv.reader([numbered[0][1]])) if numbered else []  # rows may be none yet
   keys = [k for k in head if k not in REFERENCE_VALUES]
   if "reference" not in head or not keys or any(k.count(".") != 1 for k in keys):
     raise ValueError(f"--reference={path!r}: header {head}; allowed: config fields "

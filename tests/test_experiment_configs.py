@@ -85,10 +85,12 @@ def test_multisfl_table1_is_one_program_per_method():
 
 
 def test_hydra_table1_is_one_program_per_method_and_phi():
+  # phi in the authors' meaning: batches per client turn, 10 clients
   for name in ("table1.toml", "table1_cifar10.toml"):
     sw, programs = _programs(EXPERIMENTS / "hydra" / name)
     keys = [(u.cells[0].cfg["method"]["name"], u.cells[0].cfg["method"]["order"],
-             u.cells[0].cfg["partition"]["phi"]) for u in programs]
+             u.cells[0].cfg["method"]["batches_per_turn"]) for u in programs]
+    assert all(c.cfg["partition"]["num_clients"] == 10 for u in programs for c in u.cells)
     assert len(keys) == len(set(keys)) == 8  # sfl, hydra x phi 1 / 5 / 10 and random
     assert all({c.cfg["partition"]["p"] for c in u.cells} == {0.6, 0.8} for u in programs)
 
