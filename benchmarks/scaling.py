@@ -11,7 +11,7 @@ memory:
   ``--seed-exec``);
 * **devices**: D in ``--devices`` (1, 2, 4, 8) with ``D * --seeds-per-device``
   seeds: the seed axis of the state, the keys and the per-seed data is put on
-  the library's ``("seeds", "clients")`` mesh (``jsfl.engine.sharding``, seed
+  the library's ``("seeds", "clients")`` mesh (``jsfl.core.sharding``, seed
   axis D, shared data replicated) before the jitted, vmapped round, so
   jit partitions the seeds over the devices (no pmap).  Where the backend has
   fewer than D devices the point runs on D simulated host devices
@@ -58,8 +58,9 @@ import interleave  # benchmarks/ is not a package: sibling modules (script dir o
 import throughput
 
 from jsfl import runner
-from jsfl.engine import sharding
-from jsfl.methods import base, sfl
+from jsfl.core import sharding
+from jsfl.core.clients import CLIENT_EXECS
+from jsfl.methods import sfl
 
 COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute",
                "reduce-scatter")
@@ -69,7 +70,7 @@ COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute",
 def place_on_seed_mesh(per_seed, shared, devices):
   """Per-seed leaves on the library's ``("seeds", "clients")`` mesh over
   ``devices`` (seed axis sharded, client axis 1), ``shared`` replicated:
-  the placement ``jsfl run`` uses (:mod:`jsfl.engine.sharding`)."""
+  the placement ``jsfl run`` uses (:mod:`jsfl.core.sharding`)."""
   mesh = sharding.make_mesh((len(devices), 1), devices)
   return (sharding.put(per_seed, sharding.seed_sharding(mesh)),
           sharding.put(shared, sharding.replicated(mesh)))
@@ -247,7 +248,7 @@ def main(argv=None):
   ap.add_argument("--seed-exec", default="auto", choices=("auto", "vmap", "map"),
                   help="seed axis on the clients and seeds curves (auto: "
                   "runner.default_seed_exec); the devices curve always vmaps")
-  ap.add_argument("--client-exec", default="vmap", choices=base.CLIENT_EXECS)
+  ap.add_argument("--client-exec", default="vmap", choices=CLIENT_EXECS)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--interleave", default="auto", choices=("auto", "on", "off"),
                   help="time a curve's points round-robin with all workers alive (auto: "

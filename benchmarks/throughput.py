@@ -38,8 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jsfl import runner
+from jsfl.core import batching
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.optim import make_optimizer, with_lr
+from jsfl.core.portion import Portion
 from jsfl.data import load_dataset
-from jsfl.engine import batching, common, split
+from jsfl.engine import split
 from jsfl.methods import sfl
 from jsfl.models import layers
 
@@ -106,7 +110,7 @@ def bench_loop(args, clients, seeds):
   setup = make_setup(args, clients, client_exec="vmap")
   model = setup.model
   data, seed_data = workload(args, clients, 1)
-  tx = common.make_optimizer()
+  tx = make_optimizer()
 
   @jax.jit
   def fwd(p, s, x):
@@ -115,7 +119,7 @@ def bench_loop(args, clients, seeds):
   @jax.jit
   def server(p2, s2, o2, a, y):
     m = jnp.ones(y.shape, bool)
-    srv, g, _, _ = split.server_update(setup, tx, split.Portion(p2, s2, o2), a, y, m)
+    srv, g, _, _ = split.server_update(setup, tx, Portion(p2, s2, o2), a, y, m)
     return srv.params, srv.stats, srv.opt, g
 
   @jax.jit
@@ -143,8 +147,8 @@ def bench_loop(args, clients, seeds):
     for _ in range(seeds):
       p1 = [st.part1] * clients
       s1 = [st.part1_stats] * clients
-      o1 = [common.with_lr(tx.init(st.part1), lr)] * clients
-      p2, s2, o2 = st.part2, st.part2_stats, common.with_lr(st.server_opt, lr)
+      o1 = [with_lr(tx.init(st.part1), lr)] * clients
+      p2, s2, o2 = st.part2, st.part2_stats, with_lr(st.server_opt, lr)
       table = np.asarray(seed_data["table"][0])
       for b in range(args.steps):
         xs, ys, acts = [], [], []
@@ -176,9 +180,9 @@ def bench_central(args, clients):
   """
   setup = make_setup(args, clients)
   model = setup.model
-  tx = common.make_optimizer()
+  tx = make_optimizer()
   p, s = model.init(jax.random.key(0))
-  o = common.with_lr(tx.init(p), 0.01)
+  o = with_lr(tx.init(p), 0.01)
   B = min(clients * args.batch, args.central_max_batch)
   x = jax.random.normal(jax.random.key(1), (B, 32, 32, 3))
   y = jax.random.randint(jax.random.key(2), (B,), 0, 10)
@@ -187,7 +191,7 @@ def bench_central(args, clients):
   def step(p, s, o):
     def loss(q):
       logits, ns = model.apply(q, s, x, train=True)
-      return common.masked_cross_entropy(logits, y, jnp.ones((B,), bool)), ns
+      return masked_cross_entropy(logits, y, jnp.ones((B,), bool)), ns
     (_, ns), g = jax.value_and_grad(loss, has_aux=True)(p)
     u, o = tx.update(g, o, p)
     return jax.tree.map(jnp.add, p, u), ns, o

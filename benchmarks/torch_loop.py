@@ -36,7 +36,7 @@ set sits on the device as uint8 and a batch is a slice of one shuffled index
 table per round (no DataLoader, no host-to-device copy per batch), and the
 loss is accumulated on the device (no ``.item()`` sync per step).  Optimiser:
 ``torch.optim.SGD`` with momentum and weight decay as jsfl's
-``common.make_optimizer``; client optimisers are rebuilt every round, server
+``make_optimizer``; client optimisers are rebuilt every round, server
 ones persist (SPEC 1.3, as in jsfl).
 """
 
@@ -161,7 +161,7 @@ class Config:
     width: channel multiplier.
     cut: part-1 / part-2 cut (None: jsfl's default).
     head_cut: Hydra's part-2a / heads cut (None: jsfl's default).
-    lr, momentum, weight_decay: SGD as in jsfl's ``common.make_optimizer``.
+    lr, momentum, weight_decay: SGD as in jsfl's ``make_optimizer``.
     groups: Hydra's client -> group list (None: client k in group k % 10).
     alpha: MultiSFL pull-back weight.
     channels_last: run the convolutions in NHWC memory format.

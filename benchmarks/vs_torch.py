@@ -66,9 +66,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 import interleave  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 from jsfl import runner
+from jsfl.core.clients import CLIENT_EXECS
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.method import get_method
+from jsfl.core.optim import make_optimizer, with_lr
+from jsfl.core.setup import Setup
 from jsfl.data import load_dataset
-from jsfl.engine import common
-from jsfl.methods import base, hydra
+from jsfl.methods import hydra
 from jsfl.models import get_model, layers
 
 METHODS = ("sfl", "hydra", "multisfl")       # torch_loop.METHODS
@@ -81,7 +85,7 @@ TORCH_NOTE = ("torch loop: eager PyTorch, one Python call per client batch, seed
 
 
 # ------------------------------------------------------------------ worker
-def make_setup(args, method: str, model: str) -> base.Setup:
+def make_setup(args, method: str, model: str) -> Setup:
   """jsfl's static run description of the workload, from a config as
   ``jsfl run`` builds it."""
   return runner.setup_from({
@@ -107,7 +111,7 @@ def jsfl_round(args, method: str, model: str, data_path: str, seeds: int):
                                            (seeds, K)),
               "counts": jnp.broadcast_to(d["counts"], (seeds,) + d["counts"].shape)}
   setup = make_setup(args, method, model)
-  mod = base.get_method(method)
+  mod = get_method(method)
   how = runner.default_seed_exec() if args.seed_exec == "auto" else args.seed_exec
 
   def one(state, sd, key, sh):
@@ -139,18 +143,18 @@ def jax_central(args, model: str, model_kw: dict):
   y = jax.random.randint(jax.random.key(2), (B,), 0, 10)
   mask = jnp.ones((B,), bool)
   m = get_model(model, (32, 32, 3), 10, width=args.width, **model_kw)
-  tx = common.make_optimizer(args.momentum, args.weight_decay)
+  tx = make_optimizer(args.momentum, args.weight_decay)
   p, s = m.init(jax.random.key(0))
 
   def step(p, s, o):
     def loss(q):
       logits, ns = m.apply(q, s, x, train=True, mask=mask)
-      return common.masked_cross_entropy(logits, y, mask), ns
+      return masked_cross_entropy(logits, y, mask), ns
     (_, ns), g = jax.value_and_grad(loss, has_aux=True)(p)
     u, o = tx.update(g, o, p)
     return optax.apply_updates(p, u), ns, o
 
-  box = [p, s, common.with_lr(tx.init(p), args.lr)]
+  box = [p, s, with_lr(tx.init(p), args.lr)]
   t = time.perf_counter()
   f = jax.jit(step, donate_argnums=(0, 1, 2)).lower(*box).compile()
   compile_s = time.perf_counter() - t
@@ -312,7 +316,7 @@ def main(argv=None):
   ap.add_argument("--repeats", type=int, default=3, help="timed calls per side after the first")
   ap.add_argument("--seed-exec", default="auto", choices=("auto", "vmap", "map"),
                   help="jsfl's seed axis (auto: runner.default_seed_exec)")
-  ap.add_argument("--client-exec", default="vmap", choices=base.CLIENT_EXECS,
+  ap.add_argument("--client-exec", default="vmap", choices=CLIENT_EXECS,
                   help="jsfl's client axis (vmap: the config default)")
   ap.add_argument("--central", action="store_true",
                   help="also time a whole-model SGD step (no split) per model in jax and "

@@ -145,7 +145,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         ("auto", "vmap", "map")),
         "server_unroll": _f(int, 1, "unroll factor of the server lax.scan",
                             range="[1, 1024]"),
-        "mesh": _f(str, "auto", "device mesh 'seeds=S,clients=C' (jsfl.engine.sharding); "
+        "mesh": _f(str, "auto", "device mesh 'seeds=S,clients=C' (jsfl.core.sharding); "
                    "auto = the devices that divide run.seeds, then the clients per round"),
         "eval_batch": _f(int, 1000, "test samples per evaluation chunk",
                          range="[1, 1000000]"),

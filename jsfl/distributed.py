@@ -2,8 +2,8 @@
 
 Every process runs the same program (SPMD): the same config, data,
 partitions and keys, each feeding only its own devices' shards of the global
-arrays (:func:`jsfl.engine.sharding.put`), so the mesh of
-:mod:`jsfl.engine.sharding` spans all hosts' devices with no other change.
+arrays (:func:`jsfl.core.sharding.put`), so the mesh of
+:mod:`jsfl.core.sharding` spans all hosts' devices with no other change.
 Process 0 alone writes the run directory; checkpoints are written by all
 processes together (orbax coordinates them) into process 0's directory,
 whose path is broadcast, so the directory must be on a filesystem every host

@@ -24,11 +24,12 @@ from jax import lax
 
 from jsfl import __version__, checkpoint, distributed, metrics, rundir, slots
 from jsfl import config as config_lib
+from jsfl.core import sharding
+from jsfl.core.method import get_method
+from jsfl.core.setup import Setup
 from jsfl.data import load_dataset
-from jsfl.engine import sharding
 from jsfl.errors import Diverged, RunDirError
 from jsfl.evaluate import chunk_test_set, evaluate, evaluate_logits
-from jsfl.methods.base import Setup, get_method
 from jsfl.methods.registry import METHODS
 from jsfl.models import get_model, layers
 from jsfl.partitions import dominant_labels, index_table, label_counts, make_partition
@@ -313,7 +314,7 @@ def build_programs(exp: Experiment, mesh=None):
 
   Args:
     exp: the prepared experiment.
-    mesh: a ``("seeds", "clients")`` device mesh (:mod:`jsfl.engine.sharding`);
+    mesh: a ``("seeds", "clients")`` device mesh (:mod:`jsfl.core.sharding`);
       None or a one-device mesh compiles for the default device.  With more
       devices, programs take and return seed-sharded state and data, shared
       data replicated, and the round's metrics and evaluations replicated so

@@ -8,8 +8,12 @@ import pytest
 
 from jsfl import config as config_lib
 from jsfl import runner
-from jsfl.engine import batching, common
-from jsfl.methods import base, sfl
+from jsfl.core import batching
+from jsfl.core.optim import round_lr
+from jsfl.core.plan import sample_clients
+from jsfl.core.setup import Setup
+from jsfl.engine.orders import processing_orders
+from jsfl.methods import sfl
 from jsfl.models import get_model
 
 
@@ -51,7 +55,7 @@ def _orders(order, steps=4):
   clients = jnp.array([0, 2, 3, 5, 7], jnp.int32)
   dominant = jnp.array([1, 0, 2, 0, 1, 2, 0, 1], jnp.int32)   # K = 8, L = 3
   rank = jnp.array([2, 0, 1], jnp.int32)                        # cycle: label 1, 2, 0
-  o = common.processing_orders(order, jax.random.key(0), steps, clients, dominant, rank)
+  o = processing_orders(order, jax.random.key(0), steps, clients, dominant, rank)
   return np.asarray(clients)[np.asarray(o)], np.asarray(dominant)
 
 
@@ -81,13 +85,13 @@ def test_fixed_and_random_orders():
 
 
 def test_sample_clients_is_a_sorted_subset():
-  c = np.asarray(common.sample_clients(jax.random.key(3), 20, 5))
+  c = np.asarray(sample_clients(jax.random.key(3), 20, 5))
   assert len(set(c.tolist())) == 5 and (np.diff(c) > 0).all() and c.max() < 20
 
 
 def test_split_communication_by_hand():
   model = get_model("small_cnn", (8, 8, 1), 4, norm="none", width=4, hidden=8)
-  setup = base.Setup(model=model, num_clients=3, clients_per_round=3, max_size=10, cut=2)
+  setup = Setup(model=model, num_clients=3, clients_per_round=3, max_size=10, cut=2)
   # part-1 = conv1 (3*3*1*4 + 4) + conv2 (3*3*4*8 + 8) = 40 + 296 floats
   p1 = (40 + 296) * 4
   act = 2 * 2 * 8 * 4          # an 8x8 input pooled twice -> 2x2x8 floats
@@ -104,7 +108,7 @@ def test_every_round_returns_its_bytes():
   from jsfl.methods import multisfl
   data = make_fed_data([13, 7, 20, 5], dominant=np.array([2, 0, 1, 0], np.int32))
   model = get_model("small_cnn", (8, 8, 1), 4, norm="none", width=4, hidden=8)
-  setup = base.Setup(model=model, num_clients=4, clients_per_round=3,
+  setup = Setup(model=model, num_clients=4, clients_per_round=3,
                      max_size=data["table"].shape[1], batch_size=4, cut=2)
   key = jax.random.key(0)
   state, m = jax.jit(lambda s, k: sfl.METHOD.round(setup, s, data, k))(
@@ -118,13 +122,13 @@ def test_every_round_returns_its_bytes():
 
 
 def test_lr_schedule_has_a_floor():
-  lr = [float(common.round_lr(0.05, 0.5, 0.01, jnp.int32(r))) for r in range(5)]
+  lr = [float(round_lr(0.05, 0.5, 0.01, jnp.int32(r))) for r in range(5)]
   np.testing.assert_allclose(lr, [0.05, 0.025, 0.0125, 0.01, 0.01])
 
 
 def test_lr_decay_can_start_later():
   """The Hydra authors' FL baseline: ``if epoch > 1`` decays from round 2 on."""
-  lr = [float(common.round_lr(0.05, 0.5, 0.0, jnp.int32(r), start=2)) for r in range(4)]
+  lr = [float(round_lr(0.05, 0.5, 0.0, jnp.int32(r), start=2)) for r in range(4)]
   np.testing.assert_allclose(lr, [0.05, 0.05, 0.025, 0.0125])
 
 

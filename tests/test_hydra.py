@@ -24,7 +24,10 @@ from test_methods_equivalence import (
 )
 
 from jsfl import cli
-from jsfl.engine import batching, common, split
+from jsfl.core import batching
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.optim import make_optimizer, with_lr
+from jsfl.core.portion import Portion
 from jsfl.methods import hydra, sfl
 from jsfl.rundir import read_metrics
 
@@ -126,7 +129,7 @@ def ref_hydra_grad(model, cut, hc, p2a, s2a, head, hs, act, y, m):
   def f(p2a, head, a):
     z, ns2a = model.apply(p2a, s2a, a, start=cut, train=True, mask=m)
     logits, nsh = model.apply(head, hs, z, start=hc, train=True, mask=m)
-    return common.masked_cross_entropy(logits, y, m), (ns2a, nsh)
+    return masked_cross_entropy(logits, y, m), (ns2a, nsh)
   (loss, (ns2a, nsh)), grads = jax.value_and_grad(
       f, argnums=(0, 1, 2), has_aux=True)(p2a, head, act)
   return loss, ns2a, nsh, grads
@@ -230,15 +233,15 @@ def test_server_step_touches_only_the_clients_head():
   # make the heads different so a wrong index would show
   heads = jax.tree.map(lambda a: a + jnp.arange(a.shape[0]).reshape(
       (-1,) + (1,) * (a.ndim - 1)).astype(a.dtype), st.heads)
-  tx = common.make_optimizer()
-  opt2a = common.with_lr(st.part2a_opt, 0.1)
-  hopt = jax.vmap(lambda o: common.with_lr(o, 0.1))(st.heads_opt)
+  tx = make_optimizer()
+  opt2a = with_lr(st.part2a_opt, 0.1)
+  hopt = jax.vmap(lambda o: with_lr(o, 0.1))(st.heads_opt)
   x, y = batching.gather(data, jnp.arange(4))
   mask = jnp.ones(4, bool)
   act, _ = setup.model.apply(st.part1, st.part1_stats,
                              x, train=True, mask=mask)
-  server = (split.Portion(st.part2a, st.part2a_stats, opt2a),
-            split.Portion(heads, st.heads_stats, hopt))
+  server = (Portion(st.part2a, st.part2a_stats, opt2a),
+            Portion(heads, st.heads_stats, hopt))
   out, g_a, _ = jax.jit(lambda s, a: hydra.server_step(setup, tx, s, a, y, mask, 2))(
       server, act)
   for g in range(4):

@@ -16,8 +16,12 @@ import numpy as np
 import pytest
 from conftest import make_fed_data
 
-from jsfl.engine import batching, common
-from jsfl.methods import base, fedavg, sfl, splitfedv1
+from jsfl.core import batching
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.plan import plan_round
+from jsfl.core.setup import Setup
+from jsfl.engine.orders import processing_orders
+from jsfl.methods import fedavg, sfl, splitfedv1
 from jsfl.models import get_model
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -35,7 +39,7 @@ def make_setup(model, data, **kw):
               "lr": 0.1, "lr_decay": 0.9, "lr_min": 0.05,
               "momentum": 0.5, "weight_decay": 1e-3, "client_exec": "vmap"}
   args.update(kw)
-  return base.Setup(**args)
+  return Setup(**args)
 
 
 # ------------------------------------------------------------ reference bits
@@ -87,14 +91,14 @@ def ref_avg(trees, weights):
 
 def schedule(setup, data, key, round_idx):
   """The round's random decisions, drawn exactly as the methods draw them."""
-  plan = base.plan_round(setup, data, key, jnp.int32(round_idx))
+  plan = plan_round(setup, data, key, jnp.int32(round_idx))
   return (plan.order_key, plan.clients, np.asarray(plan.sizes), np.asarray(plan.idx),
           np.asarray(plan.mask), float(plan.lr))
 
 
 def loss_fn(model, p, s, x, y, m, start=0):
   logits, ns = model.apply(p, s, x, start=start, train=True, mask=m)
-  return common.masked_cross_entropy(logits, y, m), ns
+  return masked_cross_entropy(logits, y, m), ns
 
 
 def run_rounds(mod, setup, data, key, rounds):
@@ -158,7 +162,7 @@ def test_fedavg_drop_last_lr_decay_start_equals_loop():
   chex.assert_trees_all_close(state.params, p, **TOL)
   chex.assert_trees_all_close(state.stats, s, **TOL)
   np.testing.assert_allclose(losses, ref_losses, **TOL)
-  plan = base.plan_round(setup, data, jax.random.key(0), jnp.int32(1))
+  plan = plan_round(setup, data, jax.random.key(0), jnp.int32(1))
   assert float(plan.lr) == pytest.approx(setup.lr)
   assert (np.asarray(plan.mask).sum(axis=2) % setup.batch_size == 0).all()
 
@@ -264,7 +268,7 @@ def authors_sequence(setup, order_key, mask, clients, dominant, label_rank):
     first = list(range(n))
   else:
     how = "fixed" if setup.order == "fixed" else "cyclic"
-    first = np.asarray(common.processing_orders(how, order_key, 1, clients, dominant,
+    first = np.asarray(processing_orders(how, order_key, 1, clients, dominant,
                                                 label_rank))[0]
 
   def pick(k, size):
@@ -327,7 +331,7 @@ def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank,
   for r in range(rounds):
     rkey = jax.random.fold_in(key, r)
     order_key, clients, sizes, idx, mask, lr = schedule(setup, data, rkey, r)
-    orders = np.asarray(common.processing_orders(
+    orders = np.asarray(processing_orders(
         setup.order, order_key, idx.shape[0], clients, data["dominant"], label_rank))
     clients = np.asarray(clients)
     orders_seen.append(clients[orders])

@@ -40,7 +40,8 @@ from test_methods_equivalence import (
 )
 
 from jsfl import cli
-from jsfl.engine import batching, common
+from jsfl.core import batching
+from jsfl.core.loss import masked_cross_entropy
 from jsfl.methods import fedntd, multisfl, sfl_fedexp, sfl_fedmut, sfl_fedntd
 from jsfl.models import get_model
 from jsfl.models import mobilenet_v2 as _mnv2  # noqa: F401  (registers)
@@ -550,7 +551,7 @@ def ref_ntd_grad(model, p, s, act, y, m, t_logits, cut_beta_tau):
   cut, beta, tau = cut_beta_tau
   def f(p_, a_):
     logits, ns = model.apply(p_, s, a_, start=cut, train=True, mask=m)
-    ce = common.masked_cross_entropy(logits, y, m)
+    ce = masked_cross_entropy(logits, y, m)
     return ce + beta * fedntd.ntd_loss(logits, t_logits, y, m, tau), (ns, ce)
   (_, (ns, ce)), (gp, ga) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(p, act)
   return ce, ns, gp, ga

@@ -29,7 +29,11 @@ from test_methods_equivalence import (
   zeros_like,
 )
 
-from jsfl.engine import batching, common, parallel
+from jsfl.core import batching
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.optim import make_optimizer, with_lr
+from jsfl.engine import parallel
+from jsfl.engine.orders import processing_orders
 from jsfl.methods import cwc, fedavg, fedcurv, fedntd, fedprox, fedseq, sfedkd
 
 DATA_SIZES = [13, 7, 20, 5, 9]
@@ -205,7 +209,7 @@ def test_diag_fisher_matches_loop(mode):
   @jax.grad
   def ce(p, i, m):
     x, y = batching.gather(data, i)
-    return common.masked_cross_entropy(model.apply(p, stats, x, train=False)[0], y, m)
+    return masked_cross_entropy(model.apply(p, stats, x, train=False)[0], y, m)
 
   terms = []
   for t in range(2):
@@ -291,7 +295,7 @@ def ref_kd_grad(model, p, s, x, y, m, tl, w_tc, w_nc, alpha, beta, t):
       tc += w_tc[k] * ((bt * (jnp.log(bt) - jnp.log(bs))).sum(-1) * mf).sum()
       pt2 = jax.nn.softmax(tl[k] / t - 1000.0 * gt, axis=-1)
       nc += w_nc[k] * ((pt2 * (jnp.log(pt2 + 1e-30) - ls2)).sum(-1) * mf).sum()
-    ce = common.masked_cross_entropy(zs, y, m)
+    ce = masked_cross_entropy(zs, y, m)
     return ce + (alpha * tc + beta * nc) * t * t / cnt, (ns, ce)
   (_, (ns, ce)), g = jax.value_and_grad(loss, has_aux=True)(p)
   return ce, ns, g
@@ -301,7 +305,7 @@ def ref_kd_grad(model, p, s, x, y, m, tl, w_tc, w_nc, alpha, beta, t):
 def ref_cwc_grad(model, p, s, x, y, m, anchor, importance, lam):
   def loss(p):
     zs, ns = model.apply(p, s, x, train=True, mask=m)
-    ce = common.masked_cross_entropy(zs, y, m)
+    ce = masked_cross_entropy(zs, y, m)
     pen = sum(jnp.sum(c * (a - b) ** 2) for c, a, b in zip(
         jax.tree.leaves(importance), jax.tree.leaves(p), jax.tree.leaves(anchor)))
     return ce + 0.5 * lam * pen, (ns, ce)
@@ -311,7 +315,7 @@ def ref_cwc_grad(model, p, s, x, y, m, anchor, importance, lam):
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def ref_batch_sq_grad(model, p, s, x, y, m):
-  g = jax.grad(lambda q: common.masked_cross_entropy(
+  g = jax.grad(lambda q: masked_cross_entropy(
       model.apply(q, s, x, train=False)[0], y, m))(p)
   return jax.tree.map(jnp.square, g)
 
@@ -332,7 +336,7 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None):
   losses, logs = [], []
   for r in range(rounds):
     order_key, clients, _, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
-    seq = np.asarray(common.processing_orders(setup.order, order_key, 1, clients,
+    seq = np.asarray(processing_orders(setup.order, order_key, 1, clients,
                                               data["dominant"], st.label_rank))[0]
     students = np.asarray(clients)[seq]
     teachers = None
@@ -470,8 +474,8 @@ def test_loss_term_gradient_is_added_to_the_step(mod):
   model = setup.model
   p0, s0 = model.init(jax.random.key(0))
   shifted = jax.tree.map(lambda a: a + 0.1, p0)  # so that w != w_global
-  tx = common.make_optimizer()
-  opt = common.with_lr(tx.init(shifted), 0.1)
+  tx = make_optimizer()
+  opt = with_lr(tx.init(shifted), 0.1)
   idx, mask = jnp.arange(8), jnp.ones((8,), bool)
   x, y = batching.gather(data, idx)
   aux = mod.make_aux(setup)

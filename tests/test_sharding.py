@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from jsfl import cli
-from jsfl.engine import sharding
+from jsfl.core import sharding
 
 HERE = os.path.dirname(__file__)
 

@@ -32,9 +32,10 @@ from test_methods_equivalence import (
 )
 
 from jsfl import config, runner
-from jsfl.engine import batching, common
+from jsfl.core import batching
+from jsfl.core.method import activation_size, portion_bytes
+from jsfl.engine.orders import processing_orders
 from jsfl.methods import (
-  base,
   mergesfl,
   multihead,
   sfl,
@@ -177,7 +178,7 @@ def ref_splitnn(setup, data, key, rounds):
     clients = np.asarray(clients)
     if setup.order == "random":
       # drawn as the permutation of SFL's first random batch step
-      order = np.asarray(common.processing_orders(
+      order = np.asarray(processing_orders(
           "random", order_key, 1, clients, data["dominant"], st.label_rank)[0])
     else:
       order = np.argsort(clients)
@@ -433,11 +434,11 @@ def test_runs_through_the_runner(tmp_path, name, extra):
 
 def test_communication():
   model = PARTIAL.model
-  act = base.activation_size(model, PARTIAL.cut) * 4
-  p1 = base.portion_bytes(model, 0, PARTIAL.cut)
-  body = base.portion_bytes(model, 0, model.default_head_cut)
+  act = activation_size(model, PARTIAL.cut) * 4
+  p1 = portion_bytes(model, 0, PARTIAL.cut)
+  body = portion_bytes(model, 0, model.default_head_cut)
   assert splitfedv3.communication(PARTIAL, 10) == (10 * (act + 4), 10 * act)
   for mod in (splitnn, mergesfl):
     assert mod.communication(PARTIAL, 10) == (3 * p1 + 10 * (act + 4), 3 * p1 + 10 * act)
   assert multihead.communication(PARTIAL, 10) == (3 * body, 3 * body)
-  assert body < base.portion_bytes(model, 0, model.num_stages)
+  assert body < portion_bytes(model, 0, model.num_stages)

@@ -40,16 +40,16 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.engine import batching, common
+from jsfl.core import batching
+from jsfl.core.clients import map_clients
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.method import portion_bytes
+from jsfl.core.optim import with_lr
+from jsfl.core.plan import fresh_opt_states, plan_round, round_metrics
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast, weighted_mean
 from jsfl.engine.split import Portion
-from jsfl.methods.base import (
-  Setup,
-  fresh_opt_states,
-  map_clients,
-  plan_round,
-  portion_bytes,
-  round_metrics,
-)
+from jsfl.engine.steps import live_steps, scan_live
 
 
 @struct.dataclass
@@ -102,7 +102,7 @@ def client_loss(setup: Setup, params, stats, x, y, mask, aux, client: Client, id
     ``(total, (new_stats, ce, extra))``; ``ce`` and ``extra`` are batch means.
   """
   logits, new_stats = setup.model.apply(params, stats, x, train=True, mask=mask)
-  ce = common.masked_cross_entropy(logits, y, mask)
+  ce = masked_cross_entropy(logits, y, mask)
   extra = aux(params, Batch(x, y, mask, logits, idx), client)
   return ce + extra, (new_stats, ce, extra)
 
@@ -150,7 +150,7 @@ def train_client(setup: Setup, plan, data, params, stats, idx, mask,
     ``(params, stats, sums)`` with ``sums = [ce, extra]`` loss sums over the
     client's processed samples.
   """
-  opt = common.with_lr(plan.tx.init(params), plan.lr)
+  opt = with_lr(plan.tx.init(params), plan.lr)
 
   def run(carry, i, m):
     p, s, o = carry
@@ -187,8 +187,8 @@ def train_clients_per_step(setup: Setup, plan, data, params, stats, aux=zero_aux
         setup.client_exec, p, s, o, i, m, ctx)
     return (p, s, o), jnp.sum(sums, axis=0)
 
-  (params, stats, _), sums = common.scan_live(
-      step, (params, stats, opt), (plan.idx, plan.mask), common.live_steps(plan.mask))
+  (params, stats, _), sums = scan_live(
+      step, (params, stats, opt), (plan.idx, plan.mask), live_steps(plan.mask))
   return params, stats, jnp.sum(sums, axis=0)
 
 
@@ -205,7 +205,7 @@ def train_clients(setup: Setup, plan, data, params, stats, aux=zero_aux,
 
   Args:
     setup: static run description.
-    plan: the round's :class:`~jsfl.methods.base.RoundPlan`.
+    plan: the round's :class:`~jsfl.core.plan.RoundPlan`.
     data: device data.
     params, stats: stacked (leading client axis) starting models.
     aux: loss term (see module docstring).
@@ -263,14 +263,14 @@ def parallel_round(setup: Setup, state: State, data, key, *, aux=zero_aux,
   """
   plan = plan_round(setup, data, key, state.round)
   n = setup.clients_per_round
-  params = common.broadcast(state.params, n)
-  stats = common.broadcast(state.stats, n)
+  params = broadcast(state.params, n)
+  stats = broadcast(state.stats, n)
   ctx = None if ctx_fn is None else ctx_fn(plan, state)
   params, stats, sums = train_participants(setup, plan, data, params, stats, aux, ctx,
                                            (state.params, state.stats))
   extra = state.extra if after is None else after(plan, state, params, stats, data)
-  new = State(common.weighted_mean(params, plan.sizes),
-              common.weighted_mean(stats, plan.sizes), state.round + 1, extra)
+  new = State(weighted_mean(params, plan.sizes),
+              weighted_mean(stats, plan.sizes), state.round + 1, extra)
   metrics = round_metrics(plan, sums[0])
   metrics["reg_loss"] = sums[1] / jnp.maximum(metrics["samples"], 1)
   return new, metrics

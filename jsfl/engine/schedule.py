@@ -6,7 +6,7 @@ into the sequence in which a sequential server takes them
 ([methods-splitfed.md, "Processing order"](../../docs/methods-splitfed.md#processing-order)):
 
 * ``"steps"`` (the paper's text): batch step t serves every participant's
-  batch t, in the step's processing order (:func:`common.processing_orders`:
+  batch t, in the step's processing order (:func:`processing_orders`:
   a fresh permutation per step for ``random``, the label cycle for
   ``cyclic``, ...).
 * ``"authors"`` (the Hydra authors' code): the server keeps a queue with one
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsfl.engine import common
+from jsfl.engine.orders import ORDERS, processing_orders
 
 RULES = ("authors", "steps")
 
@@ -72,8 +72,8 @@ def queue_sequence(order: str, key, batches, first, per_turn: int, length: int):
     ``(length,)`` int32 participant positions in serving order, -1 after the
     last batch.
   """
-  if order not in common.ORDERS:
-    raise ValueError(f"order={order!r}; allowed: {common.ORDERS}")
+  if order not in ORDERS:
+    raise ValueError(f"order={order!r}; allowed: {ORDERS}")
   n = batches.shape[0]
   pos = jnp.arange(n)
   has = batches[first] > 0
@@ -172,13 +172,13 @@ def round_schedule(setup, key, mask, clients, dominant, rank) -> Schedule:
   """
   num_steps, n = mask.shape[:2]
   if setup.order_rule == "steps":
-    return steps(common.processing_orders(setup.order, key, num_steps, clients, dominant,
+    return steps(processing_orders(setup.order, key, num_steps, clients, dominant,
                                           rank))
   if setup.order_rule != "authors":
     raise ValueError(f"order_rule={setup.order_rule!r}; allowed: {RULES}")
   live = jnp.any(mask, axis=2)
   cyclic = "cyclic" if setup.order in ("cyclic", "cyclic_reverse") else "fixed"
-  first = (common.processing_orders(cyclic, key, 1, clients, dominant, rank)[0]
+  first = (processing_orders(cyclic, key, 1, clients, dominant, rank)[0]
            if setup.order != "random" else jnp.arange(n, dtype=jnp.int32))
   seq = queue_sequence(setup.order, key, live.sum(0), first, setup.batches_per_turn,
                        num_steps * n)

@@ -32,53 +32,22 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
-from flax import struct
 from jax import lax
 
-from jsfl.engine import batching, common, schedule
-from jsfl.methods.base import fresh_opt_states, map_clients, plan_round, round_metrics
-
-
-@struct.dataclass
-class Portion:
-  """A trainable slice of the model: parameters, BatchNorm statistics and
-  the optimiser state that moves them.  Leaves may carry leading axes (a
-  stack of client copies, of heads)."""
-
-  params: Any
-  stats: Any
-  opt: Any
-
-  def step(self, tx, grads, stats, active) -> Portion:
-    """One optimiser step and the forward pass's new statistics, both kept
-    only where ``active``: momentum and weight decay must not move a portion
-    on a step that had no data for it."""
-    updates, opt = tx.update(grads, self.opt, self.params)
-    new = Portion(optax.apply_updates(self.params, updates), stats, opt)
-    return common.gate(active, new, self)
-
-
-def fresh(tx, lr, params, stats) -> Portion:
-  """A portion with a new optimiser state at learning rate ``lr``."""
-  return Portion(params, stats, common.with_lr(tx.init(params), lr))
-
-
-def fresh_stack(plan, params, stats) -> Portion:
-  """Stacked portions, each with its own new optimiser state at the round's
-  learning rate (a client's optimiser lives one round, SPEC 1.3)."""
-  return Portion(params, stats, fresh_opt_states(plan, params))
-
-
-def kept(opt, lr, params, stats) -> Portion:
-  """A portion whose optimiser state persists across rounds (a server's)."""
-  return Portion(params, stats, common.with_lr(opt, lr))
+from jsfl.core import batching
+from jsfl.core.clients import map_clients
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.plan import plan_round, round_metrics
+from jsfl.core.portion import Portion, fresh_stack
+from jsfl.core.trees import broadcast, weighted_mean
+from jsfl.engine import schedule
+from jsfl.engine.steps import scan_live
 
 
 # ----------------------------------------------------------- server losses
 def cross_entropy(logits, y, mask):
   """The default server loss: ``(mean cross-entropy, reported loss, extra)``."""
-  ce = common.masked_cross_entropy(logits, y, mask)
+  ce = masked_cross_entropy(logits, y, mask)
   return ce, ce, jnp.zeros((), jnp.float32)
 
 
@@ -284,7 +253,7 @@ def batch_step(setup, tx, clients: Portion, server, step: Step, order, serve):
 class SplitRound(NamedTuple):
   """A split round's outcome, before the method writes its next state."""
 
-  plan: Any              # base.RoundPlan
+  plan: Any              # RoundPlan
   orders: jax.Array      # (S, n) processing order of every segment (schedule.py)
   clients: Portion       # (n, ...) trained client portions
   part1: Any             # aggregated part-1 params (None: not aggregated)
@@ -295,14 +264,14 @@ class SplitRound(NamedTuple):
 
 def sample_weighted(clients: Portion, plan):
   """The sample-weighted mean of the trained client portions (FedAvg's)."""
-  return (common.weighted_mean(clients.params, plan.sizes),
-          common.weighted_mean(clients.stats, plan.sizes))
+  return (weighted_mean(clients.params, plan.sizes),
+          weighted_mean(clients.stats, plan.sizes))
 
 
 def uniform(clients: Portion, plan):
   """The plain mean of the trained client portions."""
   w = jnp.ones_like(plan.sizes, jnp.float32)
-  return common.weighted_mean(clients.params, w), common.weighted_mean(clients.stats, w)
+  return weighted_mean(clients.params, w), weighted_mean(clients.stats, w)
 
 
 def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
@@ -332,7 +301,7 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
       ``setup.order`` under ``setup.order_rule`` (:mod:`jsfl.engine.schedule`);
       None serves participants batch step by batch step in ascending id
       order (servers that are not sequential).
-    plan: the round's ``base.RoundPlan`` when the method draws it itself
+    plan: the round's ``RoundPlan`` when the method draws it itself
       (MultiSFL assigns participants to branches); None draws it from
       ``key``.
     copies: part-1 copies per participant, used round robin over its
@@ -358,8 +327,8 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
     sched = schedule.round_schedule(setup, plan.order_key, plan.mask, plan.clients,
                                     data["dominant"], label_rank)
   if starts is None:
-    clients = fresh_stack(plan, common.broadcast(state.part1, n),
-                          common.broadcast(state.part1_stats, n))
+    clients = fresh_stack(plan, broadcast(state.part1, n),
+                          broadcast(state.part1_stats, n))
   else:
     clients = starts(plan)
 
@@ -388,7 +357,7 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
     return (current, srv), lsum
 
   live = jnp.any(has[jnp.maximum(sched.src, 0), who] & (sched.src >= 0), axis=1)
-  (clients, srv), lsums = common.scan_live(
+  (clients, srv), lsums = scan_live(
       one_step, (clients, server(plan)), (sched.src, sched.order, copy, step_inputs), live)
   part1, stats1 = aggregate(clients, plan) if aggregate else (None, None)
   return SplitRound(plan, sched.order, clients, part1, stats1, srv, lsums)

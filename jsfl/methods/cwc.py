@@ -27,9 +27,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jsfl.core.method import Method, label_rank_of
+from jsfl.core.plan import plan_round
+from jsfl.core.setup import Setup
 from jsfl.engine import parallel
 from jsfl.methods import fedcurv, fedseq
-from jsfl.methods.base import Method, Setup, label_rank_of, plan_round
 from jsfl.methods.registry import CWCOptions
 
 

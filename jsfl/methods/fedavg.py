@@ -9,8 +9,9 @@ FedCurv and FedNTD are the same round with a loss term.
 
 from __future__ import annotations
 
+from jsfl.core.method import Method
+from jsfl.core.setup import Setup
 from jsfl.engine import parallel
-from jsfl.methods.base import Method, Setup
 
 State = parallel.State
 init = parallel.init_state

@@ -32,8 +32,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsfl.engine import batching, common, parallel
-from jsfl.methods.base import Method, Setup, map_clients
+from jsfl.core import batching
+from jsfl.core.clients import map_clients
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.method import Method
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast
+from jsfl.engine import parallel
 from jsfl.methods.registry import FISHER_MODES, FedCurvOptions
 
 State = parallel.State
@@ -64,7 +69,7 @@ def diag_fisher(setup: Setup, data, params, stats, idx, mask, mode: str = "batch
 
   def ce(p, x, y, m):
     logits = setup.model.apply(p, stats, x, train=False)[0]
-    return common.masked_cross_entropy(logits, y, m)
+    return masked_cross_entropy(logits, y, m)
 
   def batch_fisher(i, m):
     x, y = batching.gather(data, i)
@@ -107,7 +112,7 @@ def tree_dot(a, b):
 def init(setup: Setup, key) -> State:
   params, stats = setup.model.init(key)
   n = setup.clients_per_round
-  zeros = common.broadcast(_tree_zeros(params), n)
+  zeros = broadcast(_tree_zeros(params), n)
   extra = {"clients": jnp.full((n,), -1, jnp.int32), "F": zeros, "Fw": zeros,
            "Fw2": jnp.zeros((n,), jnp.float32)}
   return State(params, stats, jnp.zeros((), jnp.int32), extra)

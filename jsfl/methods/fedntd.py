@@ -20,8 +20,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jsfl.core.method import Method
+from jsfl.core.setup import Setup
 from jsfl.engine import parallel
-from jsfl.methods.base import Method, Setup
 from jsfl.methods.registry import FedNTDOptions
 
 State = parallel.State

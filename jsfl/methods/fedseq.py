@@ -36,9 +36,12 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.engine import common, parallel
+from jsfl.core.method import Method, label_rank_of
+from jsfl.core.plan import plan_round, round_metrics
+from jsfl.core.setup import Setup
+from jsfl.engine import parallel
+from jsfl.engine.orders import label_rank, processing_orders
 from jsfl.engine.parallel import Client, train_client, zero_aux
-from jsfl.methods.base import Method, Setup, label_rank_of, plan_round, round_metrics
 
 
 @struct.dataclass
@@ -52,13 +55,13 @@ class State:
 def init(setup: Setup, key) -> State:
   k_model, k_rank = jax.random.split(key)
   params, stats = setup.model.init(k_model)
-  return State(params, stats, common.label_rank(k_rank, setup.num_classes),
+  return State(params, stats, label_rank(k_rank, setup.num_classes),
                jnp.zeros((), jnp.int32))
 
 
 def sequence_order(setup: Setup, plan, data, label_rank):
   """Positions into ``plan.clients`` in training order, ``(n,)`` int32."""
-  return common.processing_orders(setup.order, plan.order_key, 1, plan.clients,
+  return processing_orders(setup.order, plan.order_key, 1, plan.clients,
                                   data["dominant"], label_rank)[0]
 
 

@@ -36,8 +36,14 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from jsfl.engine import common, split
-from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.optim import make_optimizer, with_lr
+from jsfl.core.portion import Portion, kept
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast, put_rows, take_rows
+from jsfl.engine import split
+from jsfl.engine.orders import label_rank
 from jsfl.methods.registry import HydraOptions
 
 # Superclass tables: label -> group.  CIFAR-10 labels are airplane,
@@ -190,12 +196,12 @@ def init(setup: Setup, key) -> State:
   k_model, k_rank = jax.random.split(key)
   params, stats = setup.model.init(k_model)
   c, h, G = setup.cut, head_cut(setup), num_groups(setup)
-  tx = common.make_optimizer(setup.momentum, setup.weight_decay)
+  tx = make_optimizer(setup.momentum, setup.weight_decay)
   # All heads start from the same weights, as the averaged head they become.
-  heads = common.broadcast(params[h:], G)
+  heads = broadcast(params[h:], G)
   return State(params[:c], stats[:c], params[c:h], stats[c:h], tx.init(params[c:h]),
-               heads, common.broadcast(stats[h:], G), jax.vmap(tx.init)(heads),
-               common.label_rank(k_rank, setup.num_classes),
+               heads, broadcast(stats[h:], G), jax.vmap(tx.init)(heads),
+               label_rank(k_rank, setup.num_classes),
                jnp.zeros((), jnp.int32))
 
 
@@ -214,20 +220,20 @@ def server_step(setup: Setup, tx, server, act, y, mask, g):
   """
   part2a, heads = server
   hc = head_cut(setup)
-  head = common.take_rows(heads, g)
+  head = take_rows(heads, g)
 
   def loss_fn(p2a, ph, a):
     z, ns2a = setup.model.apply(p2a, part2a.stats, a, start=setup.cut, train=True,
                                 mask=mask)
     logits, nsh = setup.model.apply(ph, head.stats, z, start=hc, train=True, mask=mask)
-    return common.masked_cross_entropy(logits, y, mask), (ns2a, nsh)
+    return masked_cross_entropy(logits, y, mask), (ns2a, nsh)
 
   (loss, (ns2a, nsh)), (g2a, gh, g_a) = jax.value_and_grad(
       loss_fn, argnums=(0, 1, 2), has_aux=True)(part2a.params, head.params, act)
   active = jnp.any(mask)
   part2a = part2a.step(tx, g2a, ns2a, active)
   head = head.step(tx, gh, nsh, active)
-  return (part2a, common.put_rows(heads, g, head)), g_a, loss * jnp.sum(mask)
+  return (part2a, put_rows(heads, g, head)), g_a, loss * jnp.sum(mask)
 
 
 def round(setup: Setup, state: State, data, key):
@@ -250,9 +256,9 @@ def round(setup: Setup, state: State, data, key):
   group_of = groups_of(setup, data["counts"])
 
   def server(plan):
-    return (split.kept(state.part2a_opt, plan.lr, state.part2a, state.part2a_stats),
-            split.Portion(state.heads, state.heads_stats, jax.vmap(
-                lambda o: common.with_lr(o, plan.lr))(state.heads_opt)))
+    return (kept(state.part2a_opt, plan.lr, state.part2a, state.part2a_stats),
+            Portion(state.heads, state.heads_stats, jax.vmap(
+                lambda o: with_lr(o, plan.lr))(state.heads_opt)))
 
   def serve(plan, step):
     groups = group_of[plan.clients]
@@ -280,8 +286,8 @@ def round(setup: Setup, state: State, data, key):
 
 def output_model(setup: Setup, state: State):
   """part-1 + part-2a + the averaged head (every head holds it)."""
-  return (state.part1 + state.part2a + common.take_rows(state.heads, 0),
-          state.part1_stats + state.part2a_stats + common.take_rows(state.heads_stats, 0))
+  return (state.part1 + state.part2a + take_rows(state.heads, 0),
+          state.part1_stats + state.part2a_stats + take_rows(state.heads_stats, 0))
 
 
 def artifacts(setup: Setup, partitions) -> dict:

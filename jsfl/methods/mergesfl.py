@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import jax
 
+from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.portion import Portion
+from jsfl.core.setup import Setup
 from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
 from jsfl.methods.registry import MergeSFLOptions
 
 # SFL's state (label_rank unused: MergeSFL has no processing order) and
@@ -53,7 +55,7 @@ def serve(setup: Setup):
   return make
 
 
-def last_copy_averaged(clients: split.Portion, plan):
+def last_copy_averaged(clients: Portion, plan):
   """The round's part-1: the participants' last copy, averaged as SFL's."""
   last = jax.tree.map(lambda a: a[:, -1], clients)
   return split.sample_weighted(last, plan)
@@ -87,7 +89,7 @@ def output_model(setup: Setup, state: State):
 communication = split_communication
 """Per round: part-1 down and up per participant, plus per processed sample
 the activation and label up and its gradient down, as SFL
-(``base.split_communication``)."""
+(``split_communication``)."""
 
 
 METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)

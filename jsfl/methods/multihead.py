@@ -31,14 +31,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.engine import common, parallel
-from jsfl.methods.base import (
-  Method,
-  Setup,
-  plan_round,
-  portion_bytes,
-  round_metrics,
-)
+from jsfl.core.method import Method, portion_bytes
+from jsfl.core.plan import plan_round, round_metrics
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast, put_rows, take_rows, weighted_mean
+from jsfl.engine import parallel
 from jsfl.methods.registry import MultiHeadOptions
 from jsfl.methods.splitfedv3 import max_logit_select
 
@@ -67,8 +64,8 @@ def validate(setup: Setup) -> None:
 def init(setup: Setup, key) -> State:
   params, stats = setup.model.init(key)
   h, k = head_cut(setup), setup.num_clients
-  return State(params[:h], stats[:h], common.broadcast(params[h:], k),
-               common.broadcast(stats[h:], k), jnp.zeros((), jnp.int32))
+  return State(params[:h], stats[:h], broadcast(params[h:], k),
+               broadcast(stats[h:], k), jnp.zeros((), jnp.int32))
 
 
 def round(setup: Setup, state: State, data, key):
@@ -86,17 +83,17 @@ def round(setup: Setup, state: State, data, key):
   """
   plan = plan_round(setup, data, key, state.round)
   n, h = setup.clients_per_round, head_cut(setup)
-  params = (common.broadcast(state.body, n)
-            + common.take_rows(state.heads, plan.clients))
-  stats = (common.broadcast(state.body_stats, n)
-           + common.take_rows(state.heads_stats, plan.clients))
+  params = (broadcast(state.body, n)
+            + take_rows(state.heads, plan.clients))
+  stats = (broadcast(state.body_stats, n)
+           + take_rows(state.heads_stats, plan.clients))
   # a client's whole model trains locally, as in FedAvg; only the body is averaged
   params, stats, sums = parallel.train_participants(setup, plan, data, params, stats)
   new = state.replace(
-      body=common.weighted_mean(params[:h], plan.sizes),
-      body_stats=common.weighted_mean(stats[:h], plan.sizes),
-      heads=common.put_rows(state.heads, plan.clients, params[h:]),
-      heads_stats=common.put_rows(state.heads_stats, plan.clients, stats[h:]),
+      body=weighted_mean(params[:h], plan.sizes),
+      body_stats=weighted_mean(stats[:h], plan.sizes),
+      heads=put_rows(state.heads, plan.clients, params[h:]),
+      heads_stats=put_rows(state.heads_stats, plan.clients, stats[h:]),
       round=state.round + 1)
   return new, round_metrics(plan, sums[0])
 
@@ -120,8 +117,8 @@ def output_model(setup: Setup, state: State):
   through :func:`predict`, the method's actual output.
   """
   uniform = jnp.ones((setup.num_clients,), jnp.float32)
-  return (state.body + common.weighted_mean(state.heads, uniform),
-          state.body_stats + common.weighted_mean(state.heads_stats, uniform))
+  return (state.body + weighted_mean(state.heads, uniform),
+          state.body_stats + weighted_mean(state.heads_stats, uniform))
 
 
 def communication(setup: Setup, samples: int):

@@ -123,17 +123,21 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.engine import batching, common, split
-from jsfl.methods.base import (
+from jsfl.core import batching
+from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.method import (
   LABEL_BYTES,
   Method,
-  RoundPlan,
-  Setup,
   activation_size,
-  plan_round,
   portion_bytes,
   split_communication,
 )
+from jsfl.core.optim import gate, make_optimizer, with_lr
+from jsfl.core.plan import RoundPlan, plan_round
+from jsfl.core.portion import Portion, fresh_stack
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast
+from jsfl.engine import split
 from jsfl.methods.registry import REPLAY_MODES, MultiSFLOptions
 
 # The options that give SPEC 4's reading where the authors' code differs
@@ -216,11 +220,11 @@ def init(setup: Setup, key) -> State:
   per-slot values here."""
   params, stats = setup.model.init(key)
   c, n = setup.cut, setup.clients_per_round
-  tx = common.make_optimizer(setup.momentum, setup.weight_decay)
-  part2 = common.broadcast(params[c:], n)
+  tx = make_optimizer(setup.momentum, setup.weight_decay)
+  part2 = broadcast(params[c:], n)
   p0 = 0.0 if options(setup).replay == "off" else options(setup).p0
-  return State(common.broadcast(params[:c], n), common.broadcast(stats[:c], n),
-               part2, common.broadcast(stats[c:], n), jax.vmap(tx.init)(part2),
+  return State(broadcast(params[:c], n), broadcast(stats[:c], n),
+               part2, broadcast(stats[c:], n), jax.vmap(tx.init)(part2),
                jnp.zeros((n, setup.num_classes), jnp.float32),
                jnp.zeros((), jnp.float32), jnp.asarray(p0, jnp.float32),
                jnp.zeros((), jnp.float32),
@@ -595,7 +599,7 @@ class Branches(NamedTuple):
   """The server carry of a MultiSFL round (every leaf with a leading branch
   axis n)."""
 
-  server: split.Portion  # the server portions ws_i
+  server: Portion  # the server portions ws_i
   gsum: tuple            # running sum of ws_i's loss gradients (FGN)
   sqsum: jax.Array       # (n,) running sum of 2|g_client|^2 + |g_server|^2 (the
                          # authors' signal counts the client portion twice: their
@@ -684,8 +688,8 @@ def separate_server_grads(setup: Setup, p2, s2, act, y, mask, ract, yr, rmask):
     logits, mid = setup.model.apply(p, s2, a, start=setup.cut, train=True, mask=mask)
     rlogits, out = setup.model.apply(p, mid, ract, start=setup.cut, train=True,
                                      mask=rmask)
-    out = common.gate(jnp.any(rmask), out, mid)
-    return common.masked_cross_entropy(
+    out = gate(jnp.any(rmask), out, mid)
+    return masked_cross_entropy(
         jnp.concatenate([logits, rlogits]), jnp.concatenate([y, yr]),
         jnp.concatenate([mask, rmask])), out
 
@@ -739,19 +743,19 @@ def round(setup: Setup, state: State, data, key):
   # The branches' plan (``decide`` permuted the drawn one); no processing
   # order is drawn from it, the branches being served side by side.
   plan = RoundPlan(d.clients, d.sizes, d.idx, d.mask, key,
-                   common.make_optimizer(setup.momentum, setup.weight_decay), d.lr)
+                   make_optimizer(setup.momentum, setup.weight_decay), d.lr)
   # Client-portion optimiser states are rebuilt every round; the server's per
   # ``server_opt``.
   server_opt = (state.server_opt if o.server_opt == "keep"
                 else jax.vmap(plan.tx.init)(state.part2))
   start = Branches(
-      split.Portion(state.part2, state.part2_stats,
-                    jax.vmap(lambda s: common.with_lr(s, d.lr))(server_opt)),
+      Portion(state.part2, state.part2_stats,
+                    jax.vmap(lambda s: with_lr(s, d.lr))(server_opt)),
       jax.tree.map(jnp.zeros_like, state.part2), jnp.zeros((n,), jnp.float32),
       (state.part1, state.part1_stats))
   out = split.split_round(
       setup, state, data, key, plan=plan, server=lambda _: start, serve=serve(setup, data),
-      starts=lambda _: split.fresh_stack(plan, state.part1, state.part1_stats),
+      starts=lambda _: fresh_stack(plan, state.part1, state.part1_stats),
       aggregate=None, step_inputs=(jnp.arange(T), d.ridx, d.rmask))
   p1, s1 = out.clients.params, out.clients.stats
   p2, s2, opt2 = out.server.server.params, out.server.server.stats, out.server.server.opt

@@ -59,9 +59,14 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.engine import batching, common, parallel
+from jsfl.core import batching
+from jsfl.core.clients import map_clients
+from jsfl.core.method import Method, label_rank_of
+from jsfl.core.plan import plan_round
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast
+from jsfl.engine import parallel
 from jsfl.methods import fedseq
-from jsfl.methods.base import Method, Setup, label_rank_of, map_clients, plan_round
 from jsfl.methods.registry import KD_METRICS as METRICS
 from jsfl.methods.registry import KD_SELECTIONS as SELECTIONS
 from jsfl.methods.registry import KD_WEIGHTINGS as WEIGHTINGS
@@ -93,8 +98,8 @@ def init(setup: Setup, key) -> State:
   validate(setup)
   base = fedseq.init(setup, key)
   n = setup.clients_per_round
-  return State(base.params, base.stats, common.broadcast(base.params, n),
-               common.broadcast(base.stats, n), jnp.zeros((n,), jnp.int32),
+  return State(base.params, base.stats, broadcast(base.params, n),
+               broadcast(base.stats, n), jnp.zeros((n,), jnp.int32),
                base.label_rank, base.round)
 
 

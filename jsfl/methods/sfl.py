@@ -26,8 +26,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.engine import common, split
-from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
+from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.optim import make_optimizer
+from jsfl.core.portion import kept
+from jsfl.core.setup import Setup
+from jsfl.engine import split
+from jsfl.engine.orders import label_rank
 
 
 @struct.dataclass
@@ -45,15 +49,15 @@ def init(setup: Setup, key) -> State:
   k_model, k_rank = jax.random.split(key)
   params, stats = setup.model.init(k_model)
   c = setup.cut
-  tx = common.make_optimizer(setup.momentum, setup.weight_decay)
+  tx = make_optimizer(setup.momentum, setup.weight_decay)
   return State(params[:c], stats[:c], params[c:], stats[c:], tx.init(params[c:]),
-               common.label_rank(k_rank, setup.num_classes),
+               label_rank(k_rank, setup.num_classes),
                jnp.zeros((), jnp.int32))
 
 
 def server(state):
   """The round's server carry: part-2 with its persisting optimiser state."""
-  return lambda plan: split.kept(state.server_opt, plan.lr, state.part2,
+  return lambda plan: kept(state.server_opt, plan.lr, state.part2,
                                  state.part2_stats)
 
 

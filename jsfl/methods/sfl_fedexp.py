@@ -30,9 +30,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jsfl.engine import common, split
+from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.setup import Setup
+from jsfl.core.trees import weighted_mean
+from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
 from jsfl.methods.registry import FedExpOptions
 
 State = sfl.State
@@ -95,7 +97,7 @@ def round(setup: Setup, state: State, data, key):
   part1, eta = fedexp_step(state.part1, out.clients.params, w,
                            FedExpOptions.of(setup).eps)
   new, metrics = sfl.finish(state, out._replace(
-      part1=part1, part1_stats=common.weighted_mean(out.clients.stats, w)))
+      part1=part1, part1_stats=weighted_mean(out.clients.stats, w)))
   metrics["eta_g"] = eta
   return new, metrics
 

@@ -35,9 +35,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.engine import common, split
+from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.portion import fresh_stack
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast
+from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.base import Method, Setup, label_rank_of, split_communication
 from jsfl.methods.registry import FedMutOptions
 
 # A fixed fold-in constant keeps the mutation's randomness independent of the
@@ -121,9 +124,9 @@ def round(setup: Setup, state: State, data, key):
   starts, beta = mutated_starts(setup, state, jax.random.fold_in(key, _MUT_STREAM))
   out = split.split_round(
       setup, state, data, key, server=sfl.server(state), serve=sfl.serve(setup),
-      starts=lambda plan: split.fresh_stack(
+      starts=lambda plan: fresh_stack(
           plan, starts,
-          common.broadcast(state.part1_stats, setup.clients_per_round)),
+          broadcast(state.part1_stats, setup.clients_per_round)),
       label_rank=state.label_rank)
   new, metrics = sfl.finish(state, out, prev_part1=state.part1)
   metrics["mutation_beta"] = beta

@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jsfl.core.method import Method, activation_size, label_rank_of, split_communication
+from jsfl.core.setup import Setup
 from jsfl.engine import split
 from jsfl.methods import fedntd, sfl
-from jsfl.methods.base import Method, Setup, activation_size, label_rank_of, split_communication
 from jsfl.methods.registry import FedNTDOptions
 
 State = sfl.State

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jsfl.core.method import Method, label_rank_of, split_communication
 from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.base import Method, label_rank_of, split_communication
 from jsfl.methods.registry import SmoothOptions
 
 State, init, output_model = sfl.State, sfl.init, sfl.output_model

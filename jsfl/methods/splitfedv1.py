@@ -16,12 +16,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.engine import common, split
-from jsfl.methods.base import (
-  Method,
-  Setup,
-  split_communication,
-)
+from jsfl.core.method import Method, split_communication
+from jsfl.core.portion import fresh_stack
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast
+from jsfl.engine import split
 
 
 @struct.dataclass
@@ -42,8 +41,8 @@ def init(setup: Setup, key) -> State:
 
 def server(state, n: int):
   """Every participant's copy of part-2, each with a fresh optimiser."""
-  return lambda plan: split.fresh_stack(plan, common.broadcast(state.part2, n),
-                                        common.broadcast(state.part2_stats, n))
+  return lambda plan: fresh_stack(plan, broadcast(state.part2, n),
+                                        broadcast(state.part2_stats, n))
 
 
 def serve(setup: Setup):

@@ -39,14 +39,12 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.engine import common, split
+from jsfl.core.method import LABEL_BYTES, Method, activation_size
+from jsfl.core.portion import fresh_stack
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast, put_rows, take_rows, weighted_mean
+from jsfl.engine import split
 from jsfl.methods import splitfedv1
-from jsfl.methods.base import (
-  LABEL_BYTES,
-  Method,
-  Setup,
-  activation_size,
-)
 
 
 @struct.dataclass
@@ -61,7 +59,7 @@ class State:
 def init(setup: Setup, key) -> State:
   params, stats = setup.model.init(key)
   c, k = setup.cut, setup.num_clients
-  return State(common.broadcast(params[:c], k), common.broadcast(stats[:c], k),
+  return State(broadcast(params[:c], k), broadcast(stats[:c], k),
                params[c:], stats[c:],
                jnp.zeros((), jnp.int32))
 
@@ -83,14 +81,14 @@ def round(setup: Setup, state: State, data, key):
   out = split.split_round(
       setup, state, data, key, server=splitfedv1.server(state, setup.clients_per_round),
       serve=splitfedv1.serve(setup), aggregate=None,
-      starts=lambda plan: split.fresh_stack(
-          plan, common.take_rows(state.part1, plan.clients),
-          common.take_rows(state.part1_stats, plan.clients)))
+      starts=lambda plan: fresh_stack(
+          plan, take_rows(state.part1, plan.clients),
+          take_rows(state.part1_stats, plan.clients)))
   clients = out.plan.clients
   part2, stats2 = split.uniform(out.server, out.plan)
   new = state.replace(
-      part1=common.put_rows(state.part1, clients, out.clients.params),
-      part1_stats=common.put_rows(state.part1_stats, clients, out.clients.stats),
+      part1=put_rows(state.part1, clients, out.clients.params),
+      part1_stats=put_rows(state.part1_stats, clients, out.clients.stats),
       part2=part2, part2_stats=stats2, round=state.round + 1)
   return new, split.metrics(out)
 
@@ -134,8 +132,8 @@ def output_model(setup: Setup, state: State):
   through :func:`predict`, the method's actual output.
   """
   uniform = jnp.ones((setup.num_clients,), jnp.float32)
-  return (common.weighted_mean(state.part1, uniform) + state.part2,
-          common.weighted_mean(state.part1_stats, uniform) + state.part2_stats)
+  return (weighted_mean(state.part1, uniform) + state.part2,
+          weighted_mean(state.part1_stats, uniform) + state.part2_stats)
 
 
 def communication(setup: Setup, samples: int):

@@ -31,16 +31,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from jsfl.engine import batching, common, split
+from jsfl.core import batching
+from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.plan import plan_round, round_metrics
+from jsfl.core.portion import fresh_stack
+from jsfl.core.setup import Setup
+from jsfl.core.trees import broadcast, take_rows
+from jsfl.engine import split
+from jsfl.engine.orders import processing_orders
 from jsfl.methods import sfl
-from jsfl.methods.base import (
-  Method,
-  Setup,
-  label_rank_of,
-  plan_round,
-  round_metrics,
-  split_communication,
-)
 
 # One part-1, one part-2 and the server optimiser state: exactly SFL's state.
 State = sfl.State
@@ -51,7 +50,7 @@ def visiting_order(setup: Setup, order_key, clients, dominant, label_rank,
                    round_idx):
   """``(n,)`` positions into ``clients`` in the order they are visited."""
   base = "cyclic" if setup.order == "cyclic_reverse" else setup.order
-  order = common.processing_orders(base, order_key, 1, clients, dominant,
+  order = processing_orders(base, order_key, 1, clients, dominant,
                                    label_rank)[0]
   if setup.order == "cyclic_reverse":
     order = jnp.where(round_idx % 2 == 1, order[::-1], order)
@@ -90,10 +89,10 @@ def round(setup: Setup, state: State, data, key):
 
   def visit(carry, client_batches):
     part1, stats1, srv = carry  # part-1 relayed from the previous client
-    client = split.fresh_stack(plan, common.broadcast(part1, 1),
-                               common.broadcast(stats1, 1))
+    client = fresh_stack(plan, broadcast(part1, 1),
+                               broadcast(stats1, 1))
     (client, srv), lsums = lax.scan(step, (client, srv), client_batches)
-    return (*common.take_rows((client.params, client.stats), 0), srv), jnp.sum(lsums)
+    return (*take_rows((client.params, client.stats), 0), srv), jnp.sum(lsums)
 
   (p1, s1, srv), lsums = lax.scan(
       visit, (state.part1, state.part1_stats, sfl.server(state)(plan)), (idx, mask))
@@ -109,7 +108,7 @@ def output_model(setup: Setup, state: State):
 communication = split_communication
 """Per round: part-1 handed to and from each participant (``n`` copies down
 and up), plus per processed sample the activation and label up and its
-gradient down (``base.split_communication``)."""
+gradient down (``split_communication``)."""
 
 
 METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)

@@ -1,0 +1,106 @@
+"""A method as a value, and what its rounds send over the network."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jsfl.core.setup import Setup
+from jsfl.methods.registry import METHODS
+from jsfl.models.base import StagedModel
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Method:
+  """A method as a value (the ``METHOD`` of its module, registered by name in
+  ``jsfl.methods.registry`` with its option set).
+
+  * ``init(setup, key) -> state``: a pytree;
+  * ``round(setup, state, data, key) -> (state, metrics)``: one round, pure
+    and jittable; the runner maps it over the seed axis and jits it once.
+    ``METHOD.round``'s metrics always hold the round's ``bytes_up`` /
+    ``bytes_down``: the round's own count when it returns one (MultiSFL's
+    replay traffic), else ``communication`` of its ``samples``;
+  * ``output_model(setup, state) -> (params, stats)``: the model evaluated;
+  * ``communication(setup, samples) -> (bytes_up, bytes_down)`` of a round
+    from its processed-sample count (a Python int, or a traced float32 inside
+    the round);
+  * ``predict(setup, state, x) -> logits``: for outputs that are not one
+    staged model (SplitFedV3, MultiHead); None evaluates ``output_model``;
+  * ``validate(setup)``: raises ValueError for an impossible option value
+    that needs the model or the data sizes to see;
+  * ``artifacts(setup, partitions) -> {file name: JSON object}``: extra
+    files of the run directory (Hydra's ``groups.json``);
+  * ``label_rank(state) -> (L,)``: the run's label cycle, for methods with
+    cyclic processing orders (per-position accuracy).
+  """
+
+  init: Callable
+  round: Callable
+  output_model: Callable
+  communication: Callable
+  predict: Callable | None = None
+  validate: Callable | None = None
+  artifacts: Callable | None = None
+  label_rank: Callable | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "round", _counting_bytes(self.round, self.communication))
+
+
+def _counting_bytes(round_fn: Callable, communication: Callable) -> Callable:
+  """``round_fn`` whose metrics carry the round's bytes up and down (float32:
+  a long round's traffic exceeds int32)."""
+  def round_with_bytes(setup, state, data, key):
+    state, metrics = round_fn(setup, state, data, key)
+    if "bytes_up" not in metrics:
+      up, down = communication(setup, metrics["samples"].astype(jnp.float32))
+      metrics = {**metrics, "bytes_up": jnp.asarray(up, jnp.float32),
+                 "bytes_down": jnp.asarray(down, jnp.float32)}
+    return state, metrics
+  return round_with_bytes
+
+
+def label_rank_of(state):
+  """``state.label_rank``: the ``Method.label_rank`` of states that hold one."""
+  return state.label_rank
+
+
+def get_method(name: str) -> Method:
+  """The method registered under ``name``."""
+  if name not in METHODS:
+    raise ValueError(f"method={name!r}; allowed: {', '.join(sorted(METHODS))}")
+  return importlib.import_module(METHODS[name].module).METHOD
+
+
+LABEL_BYTES = 4  # labels travel as int32
+
+
+def portion_bytes(model: StagedModel, start: int, stop: int) -> int:
+  """Bytes of stages ``[start, stop)``: parameters plus BatchNorm statistics."""
+  params, stats = jax.eval_shape(model.init, jax.random.key(0))
+  leaves = jax.tree.leaves((params[start:stop], stats[start:stop]))
+  return int(sum(a.size * a.dtype.itemsize for a in leaves))
+
+
+def activation_size(model: StagedModel, cut: int) -> int:
+  """Elements of one sample's cut-layer activation."""
+  params, stats = jax.eval_shape(model.init, jax.random.key(0))
+  x = jax.ShapeDtypeStruct((1,) + tuple(model.input_shape), jnp.float32)
+  out = jax.eval_shape(
+      lambda p, s, x: model.apply(p, s, x, train=False)[0],
+      params[:cut], stats[:cut], x)
+  return int(out.size)
+
+
+def split_communication(setup: Setup, samples: int):
+  """Per round: part-1 down and up per participant, plus per processed sample
+  the cut-layer activation and label up and the activation gradient down."""
+  act = activation_size(setup.model, setup.cut) * 4
+  p1 = portion_bytes(setup.model, 0, setup.cut)
+  n = setup.clients_per_round
+  return (n * p1 + samples * (act + LABEL_BYTES), n * p1 + samples * act)

@@ -1,0 +1,42 @@
+"""SGD as the papers' PyTorch code runs it, and the round's learning rate."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+# --------------------------------------------------------------- optimiser
+def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0):
+  """SGD as in PyTorch: weight decay added to the gradient before momentum.
+
+  The learning rate is an injected hyperparameter so a round can set its
+  decayed value (:func:`round_lr`) without recompiling.
+  """
+  def sgd(learning_rate):
+    tx = optax.sgd(learning_rate, momentum=momentum or None)
+    if weight_decay:
+      tx = optax.chain(optax.add_decayed_weights(weight_decay), tx)
+    return tx
+  return optax.inject_hyperparams(sgd)(learning_rate=0.0)
+
+
+def with_lr(opt_state, lr):
+  """Returns ``opt_state`` with its injected learning rate set to ``lr``."""
+  hp = dict(opt_state.hyperparams)
+  hp["learning_rate"] = jnp.asarray(lr, jnp.float32)
+  return opt_state._replace(hyperparams=hp)
+
+
+def round_lr(base_lr, decay, floor, round_idx, start: int = 1):
+  """``max(lr * decay**max(r - start + 1, 0), floor)``: Hydra's per-round decay
+  with a floor, first applied in round ``start`` (the authors' FL baseline
+  starts a round later than their split methods: ``start = 2``)."""
+  steps = jnp.maximum(round_idx.astype(jnp.float32) - (start - 1), 0.0)
+  return jnp.maximum(base_lr * decay ** steps, floor)
+
+
+def gate(active, new, old):
+  """``new`` where ``active`` else ``old``, leafwise."""
+  return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
