@@ -10,7 +10,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FMNIST := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow venv data clean bench
+.PHONY: demo test test-slow lint venv data clean bench
 
 $(BIN)/jsfl: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "jsfl needs Python >= 3.11"'
@@ -46,7 +46,14 @@ demo: venv data
 	@echo "plots:"
 	@$(BIN)/jsfl plot $(DEMO_DIR)
 
-test: venv data
+# The layering (import-linter), the style (ruff) and the annotations (mypy)
+# are checked before the suite: a layer importing upward fails CI.
+lint: venv
+	$(BIN)/ruff check jsfl
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+test: venv data lint
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
 
 test-slow: venv data

@@ -7,7 +7,7 @@ memory:
 
 * **clients**: ``--clients`` (10, 100, 1000) at ``--clients-seeds`` seeds;
 * **seeds**: ``--seeds`` (1 .. 32) at ``--seeds-clients`` clients, all seeds
-  in one program (``runner.seed_program``, the backend's ``seed_exec`` unless
+  in one program (``seed_program``, the backend's ``seed_exec`` unless
   ``--seed-exec``);
 * **devices**: D in ``--devices`` (1, 2, 4, 8) with ``D * --seeds-per-device``
   seeds: the seed axis of the state, the keys and the per-seed data is put on
@@ -57,10 +57,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 import interleave  # benchmarks/ is not a package: sibling modules (script dir on sys.path)
 import throughput
 
-from jsfl import runner
+from jsfl import train
 from jsfl.core import sharding
 from jsfl.core.clients import CLIENT_EXECS
+from jsfl.core.data import RoundData
 from jsfl.methods import sfl
+from jsfl.train.programs import default_seed_exec, make_seed_keys, round_keys, seed_program
 
 COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute",
                "reduce-scatter")
@@ -97,7 +99,7 @@ def worker(args, point: dict) -> None:
   """Builds and compiles one point, then answers ``time`` / ``stats`` / ``quit``."""
   clients, seeds, n_dev = point["clients"], point["seeds"], point["devices"]
   n_per = args.steps * args.batch
-  setup = runner.setup_from({
+  setup = train.setup_from({
       "model": {"name": args.model, **model_options(args)},
       "partition": {"num_clients": clients},
       "method": {"name": "sfl", "batch_size": args.batch},
@@ -107,12 +109,12 @@ def worker(args, point: dict) -> None:
   how = point["seed_exec"]
 
   def one(state, sd, key, sh):
-    return sfl.round(setup, state, {**sh, **sd}, key)
+    return sfl.round(setup, state, RoundData(**sh, **sd), key)
 
-  init = jax.jit(runner.seed_program(lambda k: sfl.init(setup, k), how, 1))
-  rnd = jax.jit(runner.seed_program(one, how, 3), donate_argnums=(0,))
-  seed_keys = runner.make_seed_keys(range(seeds))
-  keys = [runner.round_keys(seed_keys, r) for r in range(args.repeats + 2)]
+  init = jax.jit(seed_program(lambda k: sfl.init(setup, k), how, 1))
+  rnd = jax.jit(seed_program(one, how, 3), donate_argnums=(0,))
+  seed_keys = make_seed_keys(range(seeds))
+  keys = [round_keys(seed_keys, r) for r in range(args.repeats + 2)]
   state = init(seed_keys)
   if point["axis"] == "devices":
     (state, per_seed, keys), shared = place_on_seed_mesh(
@@ -247,7 +249,7 @@ def main(argv=None):
                   choices=("clients", "seeds", "devices"))
   ap.add_argument("--seed-exec", default="auto", choices=("auto", "vmap", "map"),
                   help="seed axis on the clients and seeds curves (auto: "
-                  "runner.default_seed_exec); the devices curve always vmaps")
+                  "default_seed_exec); the devices curve always vmaps")
   ap.add_argument("--client-exec", default="vmap", choices=CLIENT_EXECS)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--interleave", default="auto", choices=("auto", "on", "off"),
@@ -264,7 +266,7 @@ def main(argv=None):
   if args.interleave == "auto":
     args.interleave = "on" if jax.default_backend() == "cpu" else "off"
   argv = argv + ["--interleave", args.interleave]
-  how = runner.default_seed_exec() if args.seed_exec == "auto" else args.seed_exec
+  how = default_seed_exec() if args.seed_exec == "auto" else args.seed_exec
   n_real = jax.device_count()
   curves = {
       "clients": [{"clients": c, "seeds": args.clients_seeds, "devices": 1,

@@ -37,15 +37,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jsfl import runner
-from jsfl.core import batching
+from jsfl import train
+from jsfl.core.data import RoundData
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.optim import make_optimizer, with_lr
 from jsfl.core.portion import Portion
-from jsfl.data import load_dataset
+from jsfl.data import load_dataset, normalize
 from jsfl.engine import split
 from jsfl.methods import sfl
 from jsfl.models import layers
+from jsfl.train.programs import make_seed_keys, seed_program
 
 
 def _block(x):
@@ -74,13 +75,14 @@ def workload(args, clients, seeds):
           "mean": jnp.asarray(ds.mean), "std": jnp.asarray(ds.std)}
   seed_data = {"table": jnp.broadcast_to(table, (seeds,) + table.shape),
                "sizes": jnp.full((seeds, clients), n_per, jnp.int32),
-               "dominant": jnp.zeros((seeds, clients), jnp.int32)}
+               "dominant": jnp.zeros((seeds, clients), jnp.int32),
+               "counts": jnp.zeros((seeds, clients, 10), jnp.int32)}
   return data, seed_data
 
 
 def make_setup(args, clients, client_exec="vmap", conv_impl=None, depthwise_impl=None):
   """SFL on the workload, set up from a config as ``jsfl run`` sets it up."""
-  return runner.setup_from({
+  return train.setup_from({
       "model": {"name": args.model, "width": args.width, "cut": args.cut,
                 "conv_impl": conv_impl or "auto", "depthwise_impl": depthwise_impl or "auto"},
       "partition": {"num_clients": clients},
@@ -94,11 +96,11 @@ def bench_jsfl(args, clients, seeds, seed_exec="vmap", **setup_kw):
   data, seed_data = workload(args, clients, seeds)
 
   def one(state, sd, key, shared):
-    return sfl.round(setup, state, {**shared, **sd}, key)
+    return sfl.round(setup, state, RoundData(**shared, **sd), key)
 
-  init = jax.jit(runner.seed_program(lambda k: sfl.init(setup, k), seed_exec, 1))
-  rnd = jax.jit(runner.seed_program(one, seed_exec, 3))
-  keys = runner.make_seed_keys(range(seeds))
+  init = jax.jit(seed_program(lambda k: sfl.init(setup, k), seed_exec, 1))
+  rnd = jax.jit(seed_program(one, seed_exec, 3))
+  keys = make_seed_keys(range(seeds))
   state = init(keys)
   first, t = _timed(lambda: rnd(state, seed_data, keys, data), args.repeats)
   return {"first_call_s": first, "round_s": t,
@@ -137,7 +139,7 @@ def bench_loop(args, clients, seeds):
 
   @jax.jit
   def get_batch(idx):
-    return batching.gather(data, idx)
+    return normalize(data["x"][idx], data["mean"], data["std"]), data["y"][idx]
 
   st = sfl.init(setup, jax.random.key(0))
   lr = 0.01

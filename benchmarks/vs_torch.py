@@ -8,7 +8,7 @@ participates, so a round is ``--steps`` batch steps of every client), SGD
 with momentum and weight decay, for each seed count of ``--seeds``:
 
 * **jsfl**: ``method.round`` for all seeds in one jitted program
-  (``runner.seed_program``, the backend's default ``seed_exec`` unless
+  (``seed_program``, the backend's default ``seed_exec`` unless
   ``--seed-exec``), the state donated and chained from call to call as
   ``jsfl run`` does; its compile time is reported apart from the first call;
 * **torch**: ``benchmarks/torch_loop.py``, eager PyTorch with one Python call
@@ -65,15 +65,17 @@ import optax
 HERE = os.path.dirname(os.path.abspath(__file__))
 import interleave  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
-from jsfl import runner
+from jsfl import train
 from jsfl.core.clients import CLIENT_EXECS
+from jsfl.core.data import RoundData
 from jsfl.core.loss import masked_cross_entropy
-from jsfl.core.method import get_method
 from jsfl.core.optim import make_optimizer, with_lr
 from jsfl.core.setup import Setup
 from jsfl.data import load_dataset
 from jsfl.methods import hydra
+from jsfl.methods.catalog import get_method
 from jsfl.models import get_model, layers
+from jsfl.train.programs import default_seed_exec, make_seed_keys, round_keys, seed_program
 
 METHODS = ("sfl", "hydra", "multisfl")       # torch_loop.METHODS
 MODELS = ("mobilenet_v1", "resnet18")        # torch_loop.MODELS
@@ -88,7 +90,7 @@ TORCH_NOTE = ("torch loop: eager PyTorch, one Python call per client batch, seed
 def make_setup(args, method: str, model: str) -> Setup:
   """jsfl's static run description of the workload, from a config as
   ``jsfl run`` builds it."""
-  return runner.setup_from({
+  return train.setup_from({
       "model": {"name": model, "width": args.width},
       "partition": {"num_clients": args.clients},
       "method": {"name": method, "batch_size": args.batch,
@@ -112,23 +114,23 @@ def jsfl_round(args, method: str, model: str, data_path: str, seeds: int):
               "counts": jnp.broadcast_to(d["counts"], (seeds,) + d["counts"].shape)}
   setup = make_setup(args, method, model)
   mod = get_method(method)
-  how = runner.default_seed_exec() if args.seed_exec == "auto" else args.seed_exec
+  how = default_seed_exec() if args.seed_exec == "auto" else args.seed_exec
 
   def one(state, sd, key, sh):
-    return mod.round(setup, state, {**sh, **sd}, key)
+    return mod.round(setup, state, RoundData(**sh, **sd), key)
 
-  init = jax.jit(runner.seed_program(lambda k: mod.init(setup, k), how, 1))
-  rnd = jax.jit(runner.seed_program(one, how, 3), donate_argnums=(0,))
-  seed_keys = runner.make_seed_keys(range(seeds))
+  init = jax.jit(seed_program(lambda k: mod.init(setup, k), how, 1))
+  rnd = jax.jit(seed_program(one, how, 3), donate_argnums=(0,))
+  seed_keys = make_seed_keys(range(seeds))
   box = {"state": init(seed_keys), "r": 0}
   jax.block_until_ready(box["state"])
   t = time.perf_counter()
-  compiled = rnd.lower(box["state"], per_seed, runner.round_keys(seed_keys, 0),
+  compiled = rnd.lower(box["state"], per_seed, round_keys(seed_keys, 0),
                        shared).compile()
   compile_s = time.perf_counter() - t
 
   def call():
-    keys = runner.round_keys(seed_keys, box["r"])
+    keys = round_keys(seed_keys, box["r"])
     box["state"], metrics = compiled(box["state"], per_seed, keys, shared)
     jax.block_until_ready((box["state"], metrics))
     box["r"] += 1
@@ -315,7 +317,7 @@ def main(argv=None):
   ap.add_argument("--weight-decay", type=float, default=1e-4)
   ap.add_argument("--repeats", type=int, default=3, help="timed calls per side after the first")
   ap.add_argument("--seed-exec", default="auto", choices=("auto", "vmap", "map"),
-                  help="jsfl's seed axis (auto: runner.default_seed_exec)")
+                  help="jsfl's seed axis (auto: default_seed_exec)")
   ap.add_argument("--client-exec", default="vmap", choices=CLIENT_EXECS,
                   help="jsfl's client axis (vmap: the config default)")
   ap.add_argument("--central", action="store_true",
@@ -346,7 +348,7 @@ def main(argv=None):
 
   load_start, t_start = interleave.load_average(), time.time()
   res = {"machine": machine(args.torch_device), "args": vars(args),
-         "jsfl_seed_exec": (runner.default_seed_exec() if args.seed_exec == "auto"
+         "jsfl_seed_exec": (default_seed_exec() if args.seed_exec == "auto"
                             else args.seed_exec),
          "jsfl_lowering": {"conv_impl": layers.default_conv_impl(),
                            "depthwise_impl": layers.default_depthwise_impl()},

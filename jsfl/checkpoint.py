@@ -93,11 +93,11 @@ _FAULT_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk qu
                  errno.EPERM: "operation not permitted"}
 
 
-def environment_fault(err: BaseException) -> str | None:
+def environment_fault(err: BaseException | None) -> str | None:
   """The reason if ``err`` (or an error it wraps) is the disk's or the
   permissions' fault rather than a bug; orbax and tensorstore wrap OSErrors
   in their own types, so the chain and the messages are searched."""
-  seen = set()
+  seen: set[int] = set()
   while err is not None and id(err) not in seen:
     seen.add(id(err))
     if isinstance(err, OSError) and err.errno in _FAULT_ERRNOS:
@@ -121,7 +121,7 @@ def check_matches(host: dict, template, seeds, where: str) -> None:
   paths = _paths(template)
   if host.get("paths") != paths:
     theirs = host.get("paths") or []
-    first = next((i for i, (a, b) in enumerate(zip(theirs, paths)) if a != b),
+    first = next((i for i, (a, b) in enumerate(zip(theirs, paths, strict=False)) if a != b),
                  min(len(theirs), len(paths)))
     raise CheckpointError(
         f"checkpoint {where} holds another state structure than the run's config.json "
@@ -129,7 +129,7 @@ def check_matches(host: dict, template, seeds, where: str) -> None:
         f"({len(theirs)} leaves vs {len(paths)}, first difference at leaf {first}; "
         "method or model edited?); allowed: the config the run was started with")
   leaves = [_storable(x) for x in jax.tree.leaves(template)]
-  for i, (path, x) in enumerate(zip(paths, leaves)):
+  for i, (path, x) in enumerate(zip(paths, leaves, strict=True)):
     shape = (host.get("shapes") or [None] * len(leaves))[i]
     dtype = (host.get("dtypes") or [None] * len(leaves))[i]
     if shape is not None and list(shape) != list(x.shape):
@@ -321,7 +321,7 @@ class Checkpointer:
         raise OSError(errno.ENOSPC, fault, self.directory)
       with _quiet_writer_threads():
         self._mngr.save(int(round_), force=True, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(dict(zip(_leaf_names(len(leaves)), leaves))),
+            state=ocp.args.StandardSave(dict(zip(_leaf_names(len(leaves)), leaves, strict=True))),
             host=ocp.args.JsonSave(host)))
         self._mngr.wait_until_finished()
     except Exception as e:
@@ -364,7 +364,7 @@ class Checkpointer:
     if not steps:
       return None
     leaves, treedef = jax.tree.flatten(template)
-    abstract = dict(zip(_leaf_names(len(leaves)), map(_abstract, leaves)))
+    abstract = dict(zip(_leaf_names(len(leaves)), map(_abstract, leaves), strict=True))
     broken = []
     for step in steps:
       where = f"{self.directory}/{step}"
@@ -390,7 +390,7 @@ class Checkpointer:
                f"resuming from checkpoint {step} instead")
         self._mngr.delete(bad)
       restored = [jax.random.wrap_key_data(x, impl=jax.random.key_impl(t)) if _is_key(t)
-                  else x for x, t in zip(restored, leaves)]
+                  else x for x, t in zip(restored, leaves, strict=True)]
       # np.asarray keeps the saved element type: ints stay ints, floats floats.
       self.restored_host = host
       return (int(host["round"]), jax.tree.unflatten(treedef, restored),

@@ -42,8 +42,9 @@ their seeds are pooled); figures are per seed the median of the last 5
 evaluated rounds, then median +- std over seeds (accuracy, PG, BW).
 
   jsfl report runs/demo-20260101-120000
-  jsfl report experiments/core/results/runs --out experiments/core/results
-  jsfl report experiments/multisfl/results/runs --paired fmnist_multisfl_dir0.1-20261122-061541
+  jsfl report experiments/core/results/core --out experiments/core/results/core
+  jsfl report experiments/multisfl/results/authors_he_lecun --by method.name,method.replay \
+    --paired "multisfl, replay=adaptive"
 
 --paired ROW adds a column: per seed number (same partition and initial
 model across methods) each row's accuracy minus ROW's, the median of those
@@ -74,6 +75,7 @@ program, split back per cell when it ends (--dry-run: cells -> programs).
   jsfl sweep experiments/sweeps/example.toml --dry-run
   jsfl sweep experiments/sweeps/example.toml --shard $SLURM_ARRAY_TASK_ID/8
   jsfl sweep experiments/sweeps/example.toml --collect
+  jsfl sweep experiments/core/core.toml --out-dir experiments/core/results --collect
 
 Every cell config is validated before anything runs (exit 2).  See
 docs/sweeps.md."""
@@ -159,6 +161,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="report every cell into OUT_DIR/NAME/collected and print it")
   mode.add_argument("--dry-run", action="store_true",
                     help="list cells -> programs with their status (done, partial, todo)")
+  w.add_argument("--out-dir", default=None, metavar="DIR",
+                 help="cells under DIR/NAME/ instead of the file's sweep.out_dir (e.g. "
+                 "a paper folder's results/ to list or collect its committed cells)")
   w.add_argument("--quiet", action="store_true", help="no progress bars")
   sub.add_parser("config-reference", help="print the config reference (markdown)")
   return p
@@ -208,13 +213,13 @@ def cmd_run(args) -> int:
     cfg = config_lib.load_config(args.config, args.overrides)
     if args.quiet:
       cfg["exec"]["progress"] = False
-    from jsfl import rundir, runner
+    from jsfl import rundir, train
     rundir.check_target(cfg["run"]["out_dir"], cfg["run"]["name"], cfg["run"]["dir"])
-    exp = runner.prepare(cfg)
+    exp = train.prepare(cfg)
   except config_lib.ConfigError as e:
     return _fail(str(e))
-  from jsfl import report, runner
-  out = runner.run(cfg, exp)
+  from jsfl import report, train
+  out = train.run(cfg, exp)
   from jsfl.distributed import is_writer
   if not args.quiet and is_writer():  # only process 0 has the files
     print(report.summary_table(out))
@@ -228,9 +233,9 @@ def _resume(args) -> int:
     given = " ".join(([args.config] if args.config else []) + list(args.overrides))
     return _fail(f"--resume takes only RUN_DIR (the run's own config is used); "
                  f"got also: {given}")
-  from jsfl import report, runner
+  from jsfl import report, train
   try:
-    out = runner.resume(args.resume, progress=False if args.quiet else None)
+    out = train.resume(args.resume, progress=False if args.quiet else None)
   except config_lib.ConfigError as e:
     return _fail(str(e))
   from jsfl.distributed import is_writer
@@ -269,7 +274,7 @@ def cmd_partition(args) -> int:
     return _fail(str(e))
   counts = partitions.label_counts(parts, ds.y_train, ds.num_classes)
   L = ds.num_classes
-  head = "client " + " ".join(f"{l:>6}" for l in range(L)) + "   total  dominant"
+  head = "client " + " ".join(f"{lab:>6}" for lab in range(L)) + "   total  dominant"
   print(head)
   for c, row in enumerate(counts):
     print(f"{c:>6} " + " ".join(f"{v:>6}" for v in row)
@@ -345,7 +350,8 @@ def cmd_sweep(args) -> int:
   from jsfl import sweep
   try:
     return sweep.main(args.sweep_file, shard_spec=args.shard, collect_only=args.collect,
-                      dry_run=args.dry_run, quiet=args.quiet, per_cell=args.per_cell)
+                      dry_run=args.dry_run, quiet=args.quiet, per_cell=args.per_cell,
+                      out_dir=args.out_dir)
   except config_lib.ConfigError as e:
     return _fail(str(e))
 

@@ -35,17 +35,20 @@ import copy
 import difflib
 import math
 import tomllib
+from collections.abc import Sequence
 from typing import Any
 
 from jsfl.errors import UserError
-from jsfl.methods.registry import METHODS
-from jsfl.options import INT32_MAX, Option, check, options_of
+from jsfl.methods.catalog import METHODS
+from jsfl.options import INT32_MAX, Option, check
 
 Field = Option
 
 
 class ConfigError(UserError, ValueError):
   """A config key, type or value that is not allowed (CLI exit code 2)."""
+
+  cell: str | None = None  # the cell of a program of several, when one is to blame
 
 
 def _f(typ, default, help_, choices=None, range=None, batchable=False):
@@ -86,7 +89,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "download": _f(bool, True, "allow downloading into the cache dir when online"),
     },
     "partition": {
-        "name": _f(str, "iid", "partition family (SPEC 1.1)",
+        "name": _f(str, "iid", "partition family (docs/setting.md#partitions)",
                    ("iid", "dirichlet", "dominant_label", "sharding", "exdir", "natural")),
         "num_clients": _f(int, 10, "clients K", range="[1, 100000]"),
     },
@@ -94,7 +97,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "name": _f(str, "small_cnn", "model"),
         "cut": _f(int, -1, "part-1 / part-2 cut index; -1 = the model's default",
                  range="[-1, inf)"),
-        "norm": _f(str, "", "normalisation; '' = the model's default", ("", "batch", "group", "none")),
+        "norm": _f(str, "", "normalisation; '' = the model's default",
+                   ("", "batch", "group", "none")),
         "init": _f(str, "torch", "layer initialisation: torch = PyTorch's defaults (weights "
                    "and biases uniform in +-1/sqrt(fan_in), what the papers' code runs); "
                    "he_lecun = He-normal convolutions, LeCun-normal dense layers, zero "
@@ -216,7 +220,7 @@ def read_toml(path: str) -> dict:
     raise ConfigError(f"config file {path!r} is not valid TOML: {e}") from None
 
 
-def load_config(path: str | None = None, overrides: list[str] = ()) -> dict:
+def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> dict:
   """Reads, merges, and validates a config.
 
   Args:
@@ -291,8 +295,8 @@ def _check_open(where: str, value):
 
 def method_options(name: str) -> dict[str, Option]:
   """The ``[method]`` keys that only method ``name`` reads, as Options (its
-  option set in ``jsfl.methods.registry``)."""
-  return options_of(METHODS[name].options)
+  option set, listed in ``jsfl.methods.catalog``)."""
+  return METHODS[name].options
 
 
 def _check_method_options(cfg):
@@ -355,7 +359,8 @@ def _method_options_reference() -> list[str]:
   """One table per method with its own ``[method]`` keys (its option set)."""
   lines = ["## Method options", "",
            ("Keys under `[method]` that only one method reads (its option set in "
-           "`jsfl/methods/registry.py`), checked when `method.name` selects it."), ""]
+           "in its module, listed in `jsfl/methods/catalog.py`), checked when "
+           "`method.name` selects it."), ""]
   for name in METHODS:
     options = method_options(name)
     if not options:

@@ -41,10 +41,10 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   """
   env = os.environ.get
   coordinator = coordinator or env("JSFL_COORDINATOR") or None
-  if num_processes is None and env("JSFL_NUM_PROCESSES"):
-    num_processes = int(env("JSFL_NUM_PROCESSES"))
-  if process_id is None and env("JSFL_PROCESS_ID"):
-    process_id = int(env("JSFL_PROCESS_ID"))
+  if num_processes is None and (n := env("JSFL_NUM_PROCESSES")):
+    num_processes = int(n)
+  if process_id is None and (p := env("JSFL_PROCESS_ID")):
+    process_id = int(p)
   if num_processes is not None and process_id is not None and not (
       0 <= process_id < num_processes):
     raise ValueError(f"--process-id={process_id}; allowed: 0 <= id < "
@@ -61,10 +61,12 @@ def is_writer() -> bool:
 def broadcast_path(path: str | None) -> str:
   """Process 0's ``path`` on every process (a no-op with one process)."""
   if jax.process_count() == 1:
+    assert path is not None, "a single process is the writer and names the path"
     return path
   from jax.experimental import multihost_utils
   buf = np.zeros(_PATH_BYTES, np.uint8)
   if is_writer():
+    assert path is not None, "process 0 names the path"
     raw = path.encode()
     if len(raw) > _PATH_BYTES:
       raise ValueError(f"run directory path longer than {_PATH_BYTES} bytes: {path!r}")

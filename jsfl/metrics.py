@@ -1,4 +1,4 @@
-"""Evaluation metrics of SPEC 1.4: accuracy per label, PG, BW, per position.
+"""Evaluation metrics of docs/setting.md#metrics: accuracy per label, PG, BW, per position.
 
 Units: every accuracy here -- global, per label, per position -- is in
 percent (0-100), and the performance gap and backward transfer are in
@@ -16,12 +16,13 @@ from collections.abc import Iterable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 
 def per_label_accuracy(pred: jax.Array, labels: jax.Array, num_classes: int,
                        mask: jax.Array | None = None
                        ) -> tuple[jax.Array, jax.Array]:
-  """Per-label top-1 accuracy ``A_l`` in percent (SPEC 1.4).
+  """Per-label top-1 accuracy ``A_l`` in percent (docs/setting.md#metrics).
 
   Args:
     pred: ``(N,)`` predicted labels, or ``(N, L)`` logits (argmax is taken).
@@ -59,11 +60,11 @@ def per_label_accuracy(pred: jax.Array, labels: jax.Array, num_classes: int,
   return acc, present
 
 
-def performance_gap(acc: jax.Array, present: jax.Array | None = None
+def performance_gap(acc: ArrayLike, present: ArrayLike | None = None
                     ) -> jax.Array:
   """``PG = max_l A_l - mean_l A_l`` over present labels, percentage points.
 
-  SPEC 1.4: Hydra's Eq. 2 as printed is identically 0; this is the
+  docs/setting.md#metrics: Hydra's Eq. 2 as printed is identically 0; this is the
   non-negative form its code computes.
 
   Args:
@@ -117,13 +118,14 @@ def backward_transfer(history, present=None) -> float | None:
   return float(np.mean(drop))
 
 
-def per_position_accuracy(acc: jax.Array, label_order) -> jax.Array:
+def per_position_accuracy(acc: ArrayLike, label_order) -> np.ndarray | jax.Array:
   """Accuracy of the label served at each position of the cyclic order.
 
-  With dominant-label partitions and the cyclic processing order (SPEC 1.2),
+  With dominant-label partitions and the cyclic processing order
+  (docs/methods-splitfed.md#processing-order),
   the clients served at position k of the label cycle are those whose
   dominant label is ``label_order[k]``, so position k's accuracy is that
-  label's accuracy (SPEC 1.4; Hydra Fig. 6).
+  label's accuracy (docs/setting.md#metrics; Hydra Fig. 6).
 
   Args:
     acc: ``(L,)`` per-label accuracy in percent.
@@ -138,25 +140,25 @@ def per_position_accuracy(acc: jax.Array, label_order) -> jax.Array:
   """
   on_host = not isinstance(acc, jax.Array) and \
       not isinstance(label_order, jax.Array)
-  acc = np.asarray(acc, np.float32) if on_host else jnp.asarray(acc,
-                                                                jnp.float32)
-  if acc.ndim != 1:
-    raise ValueError(f"acc shape {acc.shape}; allowed: (L,)")
+  a: np.ndarray | jax.Array = (np.asarray(acc, np.float32) if on_host
+                               else jnp.asarray(acc, jnp.float32))
+  if a.ndim != 1:
+    raise ValueError(f"acc shape {a.shape}; allowed: (L,)")
   if not isinstance(label_order, jax.core.Tracer):
     order = np.asarray(label_order)
-    if order.shape != acc.shape or not np.issubdtype(order.dtype, np.integer) \
-        or not np.array_equal(np.sort(order), np.arange(acc.shape[0])):
+    if order.shape != a.shape or not np.issubdtype(order.dtype, np.integer) \
+        or not np.array_equal(np.sort(order), np.arange(a.shape[0])):
       raise ValueError(f"label_order={order.tolist()!r}; allowed: a "
-                       f"permutation of 0..{acc.shape[0] - 1}")
+                       f"permutation of 0..{a.shape[0] - 1}")
   if on_host:
-    return acc[np.asarray(label_order)]
-  return acc[jnp.asarray(label_order)]
+    return a[np.asarray(label_order)]
+  return a[jnp.asarray(label_order)]
 
 
 def summarize(records: Iterable[dict], keys: Sequence[str] = (
     "accuracy", "loss", "pg", "bw"), last: int = 5, ddof: int = 0
               ) -> dict[str, dict | None]:
-  """Hydra's summary figures: per seed, then across seeds (SPEC 1.4).
+  """Hydra's summary figures: per seed, then across seeds (docs/setting.md#metrics).
 
   For each key and seed, the median over the last ``last`` evaluated rounds
   that have a value (BW has none at the first evaluation); then the median
@@ -170,40 +172,3 @@ def summarize(records: Iterable[dict], keys: Sequence[str] = (
   """
   from jsfl.statistics import summarize as _summarize
   return _summarize(list(records), keys, last, ddof)
-
-
-# What every round returns; round_record adds the other metrics a method logs.
-BASE_METRICS = ("loss", "samples", "clients", "bytes_up", "bytes_down", "finite")
-
-
-def round_record(cfg, exp, state, m, e, i, r, history, wall, traffic) -> dict:
-  """Seed ``i``'s ``metrics.jsonl`` record of round ``r`` (0-based): the
-  evaluation ``e``, the round's metrics ``m``, and the metrics built from
-  the seed's per-label ``history`` (appended to here)."""
-  setup, slot = exp.setup, exp.slots[i]
-  s, o = slot.seed, slot.cfg["optim"]  # the slot's own lr
-  pla = np.asarray(e["per_label_accuracy"][i])
-  present = np.asarray(e["present"][i])
-  history.append(pla)
-  up, down, cum_up, cum_down = traffic
-  rec = {
-      "round": r + 1, "seed": s, "method": cfg["method"]["name"],
-      "accuracy": float(e["accuracy"][i]), "loss": float(e["loss"][i]),
-      "per_label_accuracy": pla,
-      "pg": float(performance_gap(pla, present)),
-      "bw": backward_transfer(np.stack(history), present),
-      "train_loss": float(m["loss"][i]),
-      "bytes_up": up, "bytes_down": down,
-      "bytes_up_total": cum_up, "bytes_down_total": cum_down,
-      "samples": int(m["samples"][i]), "wall_s": wall,
-      "lr": float(max(o["lr"] * o["lr_decay"] ** r, o["lr_min"])),
-      "clients": m["clients"][i],
-  }
-  if slot.cell is not None:  # one of several cells of a program
-    rec["cell"] = slot.cell
-  rec.update({k: v[i] for k, v in m.items() if k not in BASE_METRICS})
-  if setup.order in ("cyclic", "cyclic_reverse") and exp.method.label_rank is not None:
-    label_order = np.argsort(np.asarray(exp.method.label_rank(state)[i]))
-    rec["label_order"] = label_order
-    rec["per_position_accuracy"] = per_position_accuracy(pla, label_order)
-  return rec

@@ -99,9 +99,9 @@ def check(where: str, value, opt: Option, error=ValueError):
     raise error(f"{where}={value!r}: wrong type; allowed: {type_name(typ)}")
   if opt.choices is not None and value not in opt.choices:
     raise error(f"{where}={value!r}; allowed: {allowed(opt)}")
-  if typ is float and not math.isfinite(value):
+  if typ is float and not math.isfinite(value):  # type: ignore[arg-type]
     raise error(f"{where}={value!r}; allowed: {allowed(opt)}")
-  if typ is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
+  if typ is int and not -INT32_MAX - 1 <= value <= INT32_MAX:  # type: ignore[operator]
     raise error(f"{where}={value!r}; allowed: {allowed(opt)}"
                 + ("" if opt.range else " (int32)"))
   if typ in (int, float) and opt.range is not None and not in_range(value, opt.range):
@@ -128,8 +128,7 @@ def option(default, help: str, *, choices: tuple | None = None, range: str | Non
 
 def option_set(cls):
   """Makes ``cls`` a frozen dataclass of options, each field from
-  :func:`option`, with ``cls.of(setup)``: the run's values, defaults filled
-  in (``setup.options`` is an instance, or ``(key, value)`` pairs)."""
+  :func:`option` (a run's ``Setup.options`` is an instance)."""
   cls = dataclasses.dataclass(frozen=True)(cls)
   for f in dataclasses.fields(cls):
     if "jsfl.option" not in f.metadata:
@@ -137,22 +136,20 @@ def option_set(cls):
     if f.type not in _SCALARS and f.type not in _SCALARS.values():
       raise TypeError(f"{cls.__name__}.{f.name}: type {f.type!r}; allowed: int, float, "
                       "str, bool")
-  cls.of = classmethod(_of)
+  cls.__option_set__ = True
   return cls
 
 
-def _of(cls, setup):
-  given = setup.options
-  if isinstance(given, cls):
-    return given
-  return cls(**dict(given or ()))
+def is_option_set(cls) -> bool:
+  """Whether ``cls`` was made by :func:`option_set`."""
+  return getattr(cls, "__option_set__", False) is True
 
 
 def options_of(cls) -> dict[str, Option]:
   """The :class:`Option` of every field of option set ``cls``, in order."""
   out = {}
   for f in dataclasses.fields(cls):
-    typ = _SCALARS.get(f.type, f.type)
+    typ: Any = _SCALARS.get(f.type, f.type) if isinstance(f.type, str) else f.type
     out[f.name] = Option(typ, f.default, **f.metadata["jsfl.option"])
   return out
 
@@ -160,3 +157,9 @@ def options_of(cls) -> dict[str, Option]:
 @option_set
 class NoOptions:
   """The option set of a method without options of its own."""
+
+  def __getattr__(self, name: str):
+    # A Setup built by hand for a method with options, without them.
+    raise AttributeError(
+        f"option {name!r} read from NoOptions(); build the Setup with the "
+        "method's option set, e.g. Setup(..., options=method.options())")

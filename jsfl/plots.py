@@ -139,8 +139,8 @@ def learning_curves(groups: Sequence[report.Group], path: str) -> str:
   axes = fig.subplots(1, 2)
   colors = _colors(len(groups))
   for ax, (key, ylabel) in zip(axes, (("accuracy", "test accuracy (%)"),
-                                      ("pg", "performance gap PG (pp)"))):
-    for g, c in zip(groups, colors):
+                                      ("pg", "performance gap PG (pp)")), strict=True):
+    for g, c in zip(groups, colors, strict=False):
       series = _by_round(g.records(), key)
       if not series:
         continue
@@ -212,9 +212,9 @@ def per_position(groups: Sequence[report.Group], path: str, last: int = 5) -> st
   per-seed median of the last ``last`` evaluated rounds; bars span the seeds."""
   rows = []
   for g in groups:
-    per_seed, med = report.per_position_figures(g.records(), last)
-    if med is not None:
-      rows.append((g, np.stack(list(per_seed.values())), np.asarray(med)))
+    per_seed, median = report.per_position_figures(g.records(), last)
+    if median is not None:
+      rows.append((g, np.stack(list(per_seed.values())), np.asarray(median)))
   if not rows:
     return None
   fig = _figure("per_position")
@@ -224,7 +224,7 @@ def per_position(groups: Sequence[report.Group], path: str, last: int = 5) -> st
   # raised baseline would exaggerate differences.  A small x offset per group
   # keeps the seed ranges from hiding each other.
   width = 0.3 / len(rows)
-  for i, ((g, seeds, med), c) in enumerate(zip(rows, colors)):
+  for i, ((g, seeds, med), c) in enumerate(zip(rows, colors, strict=False)):
     x = np.arange(1, len(med) + 1) + (i - (len(rows) - 1) / 2) * width
     err = np.stack([med - seeds.min(0), seeds.max(0) - med]) if len(seeds) > 1 else None
     ax.errorbar(x, med, yerr=err, color=c, marker="o", ms=4, capsize=3, lw=1.2,
@@ -294,7 +294,7 @@ def accuracy_vs_communication(groups: Sequence[report.Group], path: str) -> str 
                                             ("kB", 1e3)) if top >= s), ("bytes", 1.0))
   fig = _figure("communication")
   ax = fig.subplots()
-  for (g, xs, ys), c in zip(lines, _colors(len(lines))):
+  for (g, xs, ys), c in zip(lines, _colors(len(lines)), strict=True):
     ax.plot(xs / scale, ys, color=c, marker="o" if len(xs) <= 30 else None, ms=3,
             label=_legend_label(g, [ln[0] for ln in lines]))
   lo = min(float(xs.min()) for _, xs, _ in lines if xs.min() > 0) if top > 0 else 0
@@ -321,11 +321,11 @@ def plot_groups(groups: Sequence[report.Group], out_dir: str, last: int = 5) -> 
     return []
   require_matplotlib()  # fail before any directory is made
   os.makedirs(out_dir, exist_ok=True)
-  out = [learning_curves(groups, os.path.join(out_dir, "curves.png"))]
+  out: list[str | None] = [learning_curves(groups, os.path.join(out_dir, "curves.png"))]
   for g in groups:
     out.append(per_label_heatmap(g, os.path.join(out_dir, f"heatmap_{g.slug}.png")))
   out.append(per_position(groups, os.path.join(out_dir, "per_position.png"), last))
-  seen = set()
+  seen: set[str] = set()
   for g in groups:  # one plot per distinct partition, not per method
     key = repr((g.config.get("dataset"), g.config.get("partition"),
                 g.runs[0].config.get("run", {}).get("seed")))

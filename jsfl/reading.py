@@ -76,7 +76,9 @@ def read_metrics_checked(path: str) -> tuple[list[dict], list[str]]:
     ``"PATH:LINE: why; line skipped"`` per skipped line (or ``"PATH: why"``
     when the file cannot be read at all).
   """
-  records, problems, first_line = [], [], {}
+  records: list[dict] = []
+  problems: list[str] = []
+  first_line: dict = {}
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
       lines = f.readlines()
@@ -129,8 +131,8 @@ def load_run(path: str) -> Run:
   """Reads a run directory; whatever is missing or damaged goes to ``problems``."""
   problems: list[str] = []
   meta = _read_json(os.path.join(path, "config.json"), problems, required=True) or {}
-  config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-  resolved = meta.get("resolved") if isinstance(meta.get("resolved"), dict) else {}
+  config: dict = meta["config"] if isinstance(meta.get("config"), dict) else {}
+  resolved: dict = meta["resolved"] if isinstance(meta.get("resolved"), dict) else {}
   metrics_path = os.path.join(path, "metrics.jsonl")
   if os.path.exists(metrics_path):
     records, more = read_metrics_checked(metrics_path)
@@ -170,7 +172,7 @@ def load_runs(path: str) -> list[Run]:
   cells = meta.get("cells")
   if not isinstance(cells, list):
     return [run]
-  out = []
+  out: list[Run] = []
   for c in cells:
     if not isinstance(c, dict) or not isinstance(c.get("config"), dict):
       continue

@@ -193,7 +193,7 @@ class RunLock:
   def __init__(self, run_dir: str):
     self.path = os.path.join(run_dir, self.NAME)
     self.run_dir = run_dir
-    self._fd = None
+    self._fd: int | None = None
 
   def acquire(self) -> RunLock:
     while True:

@@ -24,8 +24,7 @@ import copy
 import json
 
 from jsfl import config as config_lib
-from jsfl.methods.registry import METHODS
-from jsfl.options import options_of
+from jsfl.methods.catalog import METHODS
 
 # Where and how visibly a run runs, and how a sweep packs it: never part of
 # what it computes.
@@ -40,7 +39,7 @@ def batchable_keys(cfg: dict) -> list[str]:
   """``section.key`` of every batchable option of ``cfg``'s method and
   optimiser, in a fixed order (the config schema's, then the option set's)."""
   keys = [f"optim.{k}" for k, opt in config_lib.SCHEMA["optim"].items() if opt.batchable]
-  opts = options_of(METHODS[cfg["method"]["name"]].options)
+  opts = METHODS[cfg["method"]["name"]].options
   return keys + [f"method.{k}" for k, opt in opts.items() if opt.batchable]
 
 

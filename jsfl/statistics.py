@@ -1,6 +1,6 @@
 """The papers' statistic over seeds, on host records (numpy only).
 
-Per seed, the median of the last evaluated rounds (SPEC 1.4, Hydra's
+Per seed, the median of the last evaluated rounds (docs/setting.md#metrics, Hydra's
 figure) or the best moving average (the MultiSFL authors' figure); then the
 median and the population standard deviation over seeds.  Reports, plots,
 sweeps and ``jsfl.metrics.summarize`` all compute it here.

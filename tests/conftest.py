@@ -28,11 +28,12 @@ def make_fed_data(sizes, num_classes=4, shape=(8, 8, 1), seed=0, dominant=None):
                      for c, s in enumerate(sizes)]).astype(np.int32)
   if dominant is None:
     dominant = counts.argmax(1).astype(np.int32)
-  return {"x": jnp.asarray(x), "y": jnp.asarray(y),
-          "mean": jnp.full((shape[-1],), 0.5, jnp.float32),
-          "std": jnp.full((shape[-1],), 0.25, jnp.float32),
-          "table": jnp.asarray(table), "sizes": jnp.asarray(np.array(sizes, np.int32)),
-          "dominant": jnp.asarray(dominant), "counts": jnp.asarray(counts)}
+  from jsfl.core.data import RoundData
+  return RoundData(x=jnp.asarray(x), y=jnp.asarray(y),
+                   mean=jnp.full((shape[-1],), 0.5, jnp.float32),
+                   std=jnp.full((shape[-1],), 0.25, jnp.float32),
+                   table=jnp.asarray(table), sizes=jnp.asarray(np.array(sizes, np.int32)),
+                   dominant=jnp.asarray(dominant), counts=jnp.asarray(counts))
 
 
 @pytest.fixture

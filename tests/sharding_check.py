@@ -14,7 +14,15 @@ import numpy as np
 jax.config.update("jax_default_matmul_precision", "highest")
 
 from jsfl import config as config_lib
-from jsfl import runner
+from jsfl import train
+from jsfl.train.programs import (
+  build_programs,
+  make_seed_keys,
+  place,
+  round_keys,
+  run_mesh,
+  split_data,
+)
 
 SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_classes=4",
        "dataset.train_size=240", "dataset.test_size=40", "model.width=4", "model.hidden=16",
@@ -26,16 +34,16 @@ EXTRA = {"sfedkd": ["method.num_teachers=2"], "hydra": ["partition.name=dominant
 def rounds(method: str, mesh_spec: str, num_rounds: int):
   cfg = config_lib.load_config(
       None, SYN + [f"method.name={method}", f"exec.mesh={mesh_spec}", *EXTRA.get(method, [])])
-  exp = runner.prepare(cfg)
-  mesh = runner.run_mesh(exp)
-  init, rnd, _ = runner.build_programs(exp, mesh)
-  seed_data, shared = runner.split_data(exp)
-  keys, seed_data, shared, _ = runner.place(
-      mesh, runner.make_seed_keys(exp.seeds), seed_data, shared, shared)
+  exp = train.prepare(cfg)
+  mesh = run_mesh(exp)
+  init, rnd, _ = build_programs(exp, mesh)
+  seed_data, shared = split_data(exp.data)
+  keys, seed_data, shared, _ = place(
+      mesh, make_seed_keys(exp.seeds), seed_data, shared, shared)
   state = init(keys)
   metrics = []
   for r in range(num_rounds):
-    state, m = rnd(state, seed_data, runner.round_keys(keys, r), shared)
+    state, m = rnd(state, seed_data, round_keys(keys, r), shared)
     metrics.append(jax.device_get(m))
   leaves = jax.tree.leaves(state)
   specs = sorted({str(getattr(a.sharding, "spec", None)) for a in leaves})

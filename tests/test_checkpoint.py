@@ -27,8 +27,10 @@ import optax
 import pytest
 from flax import struct
 
-from jsfl import checkpoint, cli, runner
+from jsfl import checkpoint, cli, train
 from jsfl.rundir import read_metrics
+from jsfl.train import loop
+from jsfl.train.lifecycle import Progress
 
 # 16 rounds, not fewer: a round of this config takes ~15 ms (plus a
 # checkpoint every 2), and each signal must land before the run ends.
@@ -171,14 +173,14 @@ def test_multisfl_stop_and_crash_in_process(tmp_path, reference, monkeypatch, ca
   """multisfl, in-process: SIGINT in round 3 (exit 130, handlers restored),
   resume that crashes after round 7's records (checkpoint 6), resume again."""
   out = str(tmp_path / "r")
-  update = runner.Progress.update
+  update = Progress.update
 
   def hook(at, act):
     def patched(self, r, *args, **kwargs):
       update(self, r, *args, **kwargs)
       if r == at:
         act()
-    monkeypatch.setattr(runner.Progress, "update", patched)
+    monkeypatch.setattr(Progress, "update", patched)
 
   def crash():
     raise RuntimeError("crash")
@@ -198,7 +200,7 @@ def test_multisfl_stop_and_crash_in_process(tmp_path, reference, monkeypatch, ca
     cli.main(["run", "--resume", out, "--quiet"])
   assert checkpoint_rounds(out) == [4, 6] and rounds_written(out) == 7
 
-  monkeypatch.setattr(runner.Progress, "update", update)
+  monkeypatch.setattr(Progress, "update", update)
   assert cli.main(["run", "--resume", out, "--quiet"]) == 0
   assert_same_run(out, reference("multisfl"))
 
@@ -326,6 +328,6 @@ def test_resume_keeps_the_client_loop_the_run_started_with(tmp_path, monkeypatch
   (tmp_path / "config.json").write_text(json.dumps(
       {"config": cfg, "resolved": {"client_exec": started_with}}))
   seen = {}
-  monkeypatch.setattr(runner, "run", lambda c, resume=None, **kw: seen.update(cfg=c) or resume)
-  runner.resume(str(tmp_path))
+  monkeypatch.setattr(loop, "run", lambda c, resume=None, **kw: seen.update(cfg=c) or resume)
+  train.resume(str(tmp_path))
   assert seen["cfg"]["exec"]["client_exec"] == started_with

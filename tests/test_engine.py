@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jsfl import config as config_lib
-from jsfl import runner
+from jsfl import train
 from jsfl.core import batching
 from jsfl.core.optim import round_lr
 from jsfl.core.plan import sample_clients
@@ -15,6 +15,7 @@ from jsfl.core.setup import Setup
 from jsfl.engine.orders import processing_orders
 from jsfl.methods import sfl
 from jsfl.models import get_model
+from jsfl.train.programs import build_programs, make_seed_keys, round_keys, split_data
 
 
 def test_epoch_batches_cover_each_client_once():
@@ -109,12 +110,13 @@ def test_every_round_returns_its_bytes():
   data = make_fed_data([13, 7, 20, 5], dominant=np.array([2, 0, 1, 0], np.int32))
   model = get_model("small_cnn", (8, 8, 1), 4, norm="none", width=4, hidden=8)
   setup = Setup(model=model, num_clients=4, clients_per_round=3,
-                     max_size=data["table"].shape[1], batch_size=4, cut=2)
+                     max_size=data.table.shape[1], batch_size=4, cut=2)
   key = jax.random.key(0)
   state, m = jax.jit(lambda s, k: sfl.METHOD.round(setup, s, data, k))(
       sfl.init(setup, key), key)
   up, down = sfl.communication(setup, int(m["samples"]))
   np.testing.assert_allclose([m["bytes_up"], m["bytes_down"]], [up, down], rtol=1e-7)
+  setup = setup.replace(options=multisfl.METHOD.options())
   _, own = multisfl.round(setup, multisfl.init(setup, key), data, key)
   _, m = multisfl.METHOD.round(setup, multisfl.init(setup, key), data, key)
   assert float(m["bytes_up"]) == float(own["bytes_up"])
@@ -139,16 +141,16 @@ SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_c
        "partition.alpha=1.0", "method.batch_size=16", "method.clients_per_round=3"]
 
 
-def train(overrides, rounds=2):
+def train_runs(overrides, rounds=2):
   cfg = config_lib.load_config(None, SYN + overrides)
-  exp = runner.prepare(cfg)
-  init, rnd, _ = runner.build_programs(exp)
-  seed_data, shared = runner.split_data(exp)
-  keys = runner.make_seed_keys(exp.seeds)
+  exp = train.prepare(cfg)
+  init, rnd, _ = build_programs(exp)
+  seed_data, shared = split_data(exp.data)
+  keys = make_seed_keys(exp.seeds)
   state = init(keys)
   losses = []
   for r in range(rounds):
-    state, m = rnd(state, seed_data, runner.round_keys(keys, r), shared)
+    state, m = rnd(state, seed_data, round_keys(keys, r), shared)
     losses.append(np.asarray(m["loss"]))
   return state, np.stack(losses, 1)
 
@@ -157,9 +159,9 @@ def train(overrides, rounds=2):
                                                ("fedavg", "vmap")])
 def test_seed_axis_equals_separate_runs(method, seed_exec):
   common_ = [f"method.name={method}", f"exec.seed_exec={seed_exec}"]
-  together, losses = train(common_ + ["run.seeds=3", "run.seed=10"])
+  together, losses = train_runs(common_ + ["run.seeds=3", "run.seed=10"])
   for i, s in [(0, 10), (2, 12)]:
-    alone, l_alone = train(common_ + ["run.seeds=1", f"run.seed={s}"])
+    alone, l_alone = train_runs(common_ + ["run.seeds=1", f"run.seed={s}"])
     chex.assert_trees_all_close(jax.tree.map(lambda a, i=i: a[i], together),
                                 jax.tree.map(lambda a: a[0], alone), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(losses[i], l_alone[0], rtol=1e-5, atol=1e-6)
@@ -168,7 +170,7 @@ def test_seed_axis_equals_separate_runs(method, seed_exec):
 
 
 def test_same_seed_is_bitwise_reproducible():
-  a, la = train(["run.seeds=2"])
-  b, lb = train(["run.seeds=2"])
+  a, la = train_runs(["run.seeds=2"])
+  b, lb = train_runs(["run.seeds=2"])
   chex.assert_trees_all_equal(a, b)
   np.testing.assert_array_equal(la, lb)

@@ -97,8 +97,8 @@ def test_hydra_table1_is_one_program_per_method_and_phi():
 
 def test_multisfl_authors_steps_spec_cell_is_spec_reading():
   # the sweep spells SPEC's reading out option by option: it must stay the library's
-  from jsfl.methods.multisfl import SPEC_READING
+  from jsfl.methods.multisfl import PAPER_READING
   sw = _resolved(EXPERIMENTS / "multisfl" / "authors_steps.toml")
   spec = [c.cfg["method"] for c in sw.cells if c.cfg["method"].get("p_rule") == "spec"]
   assert len(spec) == 1
-  assert {k: spec[0][k] for k in SPEC_READING} == SPEC_READING
+  assert {k: spec[0][k] for k in PAPER_READING} == PAPER_READING

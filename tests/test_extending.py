@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import optax
 from conftest import make_fed_data
-from test_methods_equivalence import (
+from loop_reference import (
   TOL,
   make_setup,
   ref_sfl,
@@ -20,6 +20,7 @@ from test_methods_equivalence import (
 
 from jsfl import config
 from jsfl.methods import sfl, sfl_smooth
+from jsfl.methods.sfl_smooth import SmoothOptions
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = make_fed_data([13, 7, 20, 5], dominant=np.array([2, 0, 1, 0], np.int32))
@@ -41,7 +42,7 @@ def ref_smooth_grad(model, p, s, act, y, m, cut, eps):
 def test_sfl_smooth_equals_loop():
   eps = 0.2
   setup = make_setup(tiny_model(), DATA, order="cyclic", clients_per_round=3,
-                     options=(("smoothing", eps),))
+                     options=SmoothOptions(smoothing=eps))
   key = jax.random.key(21)
   state, losses = run_rounds(sfl_smooth, setup, DATA, key, 2)
   grad = lambda p, s, a, y, m: ref_smooth_grad(setup.model, p, s, a, y, m, setup.cut, eps)
@@ -60,7 +61,7 @@ def test_sfl_smooth_equals_loop():
 
 def test_zero_smoothing_is_sfl():
   setup = make_setup(tiny_model(), DATA, clients_per_round=3,
-                     options=(("smoothing", 0.0),))
+                     options=SmoothOptions(smoothing=0.0))
   key = jax.random.key(22)
   a, la = run_rounds(sfl_smooth, setup, DATA, key, 2)
   b, lb = run_rounds(sfl, setup, DATA, key, 2)

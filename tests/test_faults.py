@@ -16,7 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from jsfl import checkpoint, cli, rundir, runner
+from jsfl import checkpoint, cli, rundir
+from jsfl.train import programs
+from jsfl.train.programs import build_programs
 
 SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_classes=4",
        "dataset.train_size=160", "dataset.test_size=40", "model.width=4", "model.hidden=16",
@@ -159,7 +161,7 @@ def _fake_divergence(monkeypatch, seed_index, from_call):
   """Marks one seed's round as non-finite from the ``from_call``-th round
   program call on, as if its loss had become NaN (a real NaN in one seed
   only is hard to provoke reliably)."""
-  build = runner.build_programs
+  build = build_programs
 
   def patched(exp, mesh=None):
     init, rnd, ev = build(exp, mesh)
@@ -172,7 +174,7 @@ def _fake_divergence(monkeypatch, seed_index, from_call):
         m = {**m, "finite": m["finite"].at[seed_index].set(False)}
       return state, m
     return init, rnd_, ev
-  monkeypatch.setattr(runner, "build_programs", patched)
+  monkeypatch.setattr(programs, "build_programs", patched)
 
 
 def test_a_diverged_seed_stops_and_the_others_go_on(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """Hydra: grouping against Algorithm 2 written as loops, rounds against a
 per-client Python loop of the same math, heads isolation, run directory."""
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import make_fed_data
-from test_methods_equivalence import (
+from loop_reference import (
   TOL,
   RefServer,
   make_setup,
@@ -24,11 +25,12 @@ from test_methods_equivalence import (
 )
 
 from jsfl import cli
-from jsfl.core import batching
+from jsfl.core.data import gather
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.optim import make_optimizer, with_lr
 from jsfl.core.portion import Portion
 from jsfl.methods import hydra, sfl
+from jsfl.methods.hydra import HydraOptions
 from jsfl.rundir import read_metrics
 
 
@@ -171,9 +173,9 @@ def ref_hydra(setup, data, key, rounds):
   """Hydra with loops over rounds, steps, clients (in order) and heads."""
   G = hydra.num_groups(setup)
   st = hydra.init(setup, key)
-  opts = dict(setup.options)
+  opts = dataclasses.asdict(setup.options)
   table = hydra.superclass_table(opts.get("superclasses", "authors"), setup.num_classes, G)
-  rho = np.asarray(data["counts"])
+  rho = np.asarray(data.counts)
   group = (ref_grouping(rho, table, G) if opts.get("grouping") == "algorithm2"
            else ref_table_grouping(rho, table))
   server = HydraRefServer(setup, st, group)
@@ -211,7 +213,7 @@ def test_hydra_equals_loop(case):
   K = len(c["sizes"])
   data = make_fed_data(c["sizes"], dominant=np.arange(K, dtype=np.int32) % 4)
   setup = make_setup(tiny_model(), data, order=c["order"], clients_per_round=c["n"],
-                     cut=c.get("cut", 2), options=tuple(sorted(c["opts"].items())),
+                     cut=c.get("cut", 2), options=HydraOptions(**c["opts"]),
                      **c.get("setup", {}))
   key = jax.random.key(11)
   state, losses = run_rounds(hydra, setup, data, key, 2)
@@ -228,7 +230,7 @@ def test_hydra_equals_loop(case):
 
 def test_server_step_touches_only_the_clients_head():
   data = make_fed_data([13, 7, 20, 5])
-  setup = make_setup(tiny_model(), data, cut=1, options=(("head_cut", 2),))
+  setup = make_setup(tiny_model(), data, cut=1, options=HydraOptions(head_cut=2))
   st = hydra.init(setup, jax.random.key(0))
   # make the heads different so a wrong index would show
   heads = jax.tree.map(lambda a: a + jnp.arange(a.shape[0]).reshape(
@@ -236,7 +238,7 @@ def test_server_step_touches_only_the_clients_head():
   tx = make_optimizer()
   opt2a = with_lr(st.part2a_opt, 0.1)
   hopt = jax.vmap(lambda o: with_lr(o, 0.1))(st.heads_opt)
-  x, y = batching.gather(data, jnp.arange(4))
+  x, y = gather(data, jnp.arange(4))
   mask = jnp.ones(4, bool)
   act, _ = setup.model.apply(st.part1, st.part1_stats,
                              x, train=True, mask=mask)
@@ -262,7 +264,7 @@ def test_hydra_with_one_head_is_sfl():
   data = make_fed_data([13, 7, 20, 5])
   key = jax.random.key(2)
   setup = make_setup(tiny_model(), data, clients_per_round=3,
-                     options=(("groups", 1),))
+                     options=HydraOptions(groups=1))
   h, hl = run_rounds(hydra, setup, data, key, 2)
   s, sl = run_rounds(sfl, make_setup(tiny_model(), data, clients_per_round=3),
                      data, key, 2)
@@ -276,7 +278,8 @@ def test_heads_differ_from_sfl_when_groups_differ():
   """Guards the equivalence test: G heads are not just SFL."""
   data = make_fed_data([13, 7, 20, 5])
   key = jax.random.key(2)
-  h, _ = run_rounds(hydra, make_setup(tiny_model(), data), data, key, 1)
+  h, _ = run_rounds(hydra, make_setup(tiny_model(), data, options=hydra.METHOD.options()),
+                    data, key, 1)
   s, _ = run_rounds(sfl, make_setup(tiny_model(), data), data, key, 1)
   diff = max(float(jnp.abs(a - b).max()) for a, b in
              zip(jax.tree.leaves(h.part2a + take(h.heads, 0)), jax.tree.leaves(s.part2)))

@@ -17,6 +17,7 @@
   models.
 """
 
+import dataclasses
 import functools
 
 import chex
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import make_fed_data
-from test_methods_equivalence import (
+from loop_reference import (
   TOL,
   RefServer,
   make_setup,
@@ -40,9 +41,12 @@ from test_methods_equivalence import (
 )
 
 from jsfl import cli
-from jsfl.core import batching
+from jsfl.core.data import gather
 from jsfl.core.loss import masked_cross_entropy
+from jsfl.core.method import activation_size, portion_bytes
 from jsfl.methods import fedntd, multisfl, sfl_fedexp, sfl_fedmut, sfl_fedntd
+from jsfl.methods.catalog import get_method
+from jsfl.methods.multisfl import MultiSFLOptions
 from jsfl.models import get_model
 from jsfl.models import mobilenet_v2 as _mnv2  # noqa: F401  (registers)
 from jsfl.models import vgg16 as _vgg16  # noqa: F401  (registers)
@@ -144,8 +148,8 @@ def test_authors_helper_batches_hand_case():
 
 def test_authors_communication_accounting_hand_case():
   setup = ms_setup("authors-E2")  # n = 3 branches, E = 2, min_request = L = 4
-  act = multisfl.activation_size(setup.model, setup.cut) * 4
-  p1 = multisfl.portion_bytes(setup.model, 0, setup.cut)
+  act = activation_size(setup.model, setup.cut) * 4
+  p1 = portion_bytes(setup.model, 0, setup.cut)
   # |D_i| p = 13 * 0.3 = 3.9 -> max(4, 3), 20 * 0.3 = 6, 5 * 0.3 = 1.5 -> 4: 14 requested
   up, down = multisfl.authors_round_bytes(setup, 76, jnp.array([13, 20, 5]),
                                           jnp.float32(0.3), 5)
@@ -257,7 +261,7 @@ def test_step_shares_use_every_replay_sample_once():
 # ---------------------------------------------- MultiSFL loop equivalence
 MS_SIZES = [13, 7, 20, 5, 9, 11, 6]
 MS_DATA = make_fed_data(MS_SIZES, seed=1)
-SPEC = multisfl.SPEC_READING  # the cases below were written for SPEC 4's reading
+SPEC = multisfl.PAPER_READING  # the cases below were written for SPEC 4's reading
 CASES = {
     # replay with the adaptive proportion; cut 1 puts a BatchNorm conv stage in
     # the server portion, so replay and main features share a BN batch
@@ -313,7 +317,7 @@ def _ms_setup(case):
   return make_setup(tiny_model(), MS_DATA, clients_per_round=3, cut=c["cut"],
                     local_epochs=c.get("local_epochs", 1), lr_decay=1.0,
                     client_exec=c.get("client_exec", "vmap"),
-                    options=tuple(sorted(c["opts"].items())))
+                    options=MultiSFLOptions(**c["opts"]))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 8))
@@ -342,7 +346,7 @@ def ref_multisfl(setup, data, key, rounds):
   p2 = [take(st0.part2, i) for i in range(n)]
   s2 = [take(st0.part2_stats, i) for i in range(n)]
   b2 = [zeros_like(p2[0]) for _ in range(n)]     # server momentum (server_opt="keep")
-  table, sizes, y = (np.asarray(data[k]) for k in ("table", "sizes", "y"))
+  table, sizes, y = (np.asarray(getattr(data, k)) for k in ("table", "sizes", "y"))
   counts = np.stack([np.bincount(y[table[k, :sizes[k]]], minlength=L)
                      for k in range(len(sizes))])
   num, den = np.zeros((n, L)), 0.0
@@ -389,11 +393,11 @@ def ref_multisfl(setup, data, key, rounds):
         m = mask[t, i]
         if not m.any():
           continue
-        x, yy = batching.gather(data, idx[t, i])
+        x, yy = gather(data, idx[t, i])
         act, ns1 = ref_fwd(model, p1[i], s1[i], x, m)
         rv = ridx[t, i][rmask[t, i]]
         if len(rv):
-          xr, yr = batching.gather(data, rv)
+          xr, yr = gather(data, rv)
           ract, _ = ref_fwd(model, f1[i], fs1[i], xr, np.ones(len(rv), bool))
           a_all, y_all = jnp.concatenate([act, ract]), jnp.concatenate([yy, yr])
           m_all = np.concatenate([m, np.ones(len(rv), bool)])
@@ -503,7 +507,7 @@ def test_decide_never_replays_active_clients_and_fills_quotas(case, p):
   setup = ms_setup(case)
   data = MS_DATA
   st = multisfl.init(setup, jax.random.key(0)).replace(p=jnp.float32(p))
-  table, sizes, y = (np.asarray(data[k]) for k in ("table", "sizes", "y"))
+  table, sizes, y = (np.asarray(getattr(data, k)) for k in ("table", "sizes", "y"))
   owner = np.full(len(y), -1)
   for k in range(len(sizes)):
     owner[table[k, :sizes[k]]] = k
@@ -572,7 +576,7 @@ class NTDRefServer(RefServer):
   def serve(self, act, y, m, lr, client, x):
     setup = self.setup
     tl = ref_logits(setup.model, *self.teacher, x)
-    cfg = (setup.cut, dict(setup.options)["beta"], dict(setup.options)["tau"])
+    cfg = (setup.cut, setup.options.beta, setup.options.tau)
     l, ns2, g2, ga = ref_ntd_grad(setup.model, self.part2, self.stats2, act, y, m, tl, cfg)
     self.part2, self.buf = ref_sgd(self.part2, g2, self.buf, lr, setup)
     self.stats2 = ns2
@@ -585,8 +589,8 @@ def fedmut_starts(setup, part1):
   prev = {"p": part1}
 
   def starts(r, rkey, part1, n):
-    a, rate = dict(setup.options)["radius"], dict(setup.options)["acc_rate"]
-    beta = rate * (1 - min(max(r - 1, 0) / dict(setup.options)["bound"], 1))
+    a, rate = setup.options.radius, setup.options.acc_rate
+    beta = rate * (1 - min(max(r - 1, 0) / setup.options.bound, 1))
     leaves, tdef = jax.tree.flatten(part1)
     signs = np.asarray(sfl_fedmut.mutation_signs(
         jax.random.fold_in(rkey, sfl_fedmut._MUT_STREAM), len(leaves), n, beta))
@@ -621,7 +625,7 @@ def ref_sfl_form(mod, setup, data, key, rounds):
   if mod is sfl_fedmut:
     kw["starts"] = fedmut_starts(setup, st.part1)
   if mod is sfl_fedexp:
-    kw["aggregate"] = fedexp_aggregate(dict(setup.options)["eps"])
+    kw["aggregate"] = fedexp_aggregate(setup.options.eps)
   (part1, stats1), losses, _ = ref_split(setup, data, key, rounds, st.part1,
                                          st.part1_stats, server, st.label_rank, **kw)
   return (part1, stats1, server.part2, server.stats2), losses
@@ -638,7 +642,7 @@ SF_CASES = {
 def test_sfl_form_equals_loop(name):
   mod, opts = SF_CASES[name]
   setup = make_setup(tiny_model(), SF_DATA, clients_per_round=3, order="random",
-                     options=tuple(sorted(opts.items())))
+                     options=get_method(name).options(**opts))
   key = jax.random.key(9)
   rnd = jax.jit(lambda s, k: mod.round(setup, s, SF_DATA, k))
   state, losses, ms = mod.init(setup, key), [], []
@@ -743,7 +747,7 @@ def test_class_pool_ignores_padding_width():
   """A seed's replay pool must not depend on how wide the table is padded
   (the widest client of every seed batched with it, e.g. by a sweep)."""
   d = make_fed_data([13, 7, 20, 5])
-  table, sizes, y = d["table"], d["sizes"], d["y"]
+  table, sizes, y = d.table, d.sizes, d.y
   wide = jnp.pad(table, ((0, 0), (0, 17)))
   key = jax.random.key(3)
   pool, start = multisfl.class_pool(key, table, sizes, y, 4)
@@ -763,8 +767,7 @@ def test_the_authors_options_change_the_training(option, other_value):
   one over the concatenation, and the authors' helper batches differently
   from even slices."""
   setup = ms_setup("authors-E2")
-  other = setup.replace(options=tuple(sorted({**dict(setup.options),
-                                              option: other_value}.items())))
+  other = setup.replace(options=dataclasses.replace(setup.options, **{option: other_value}))
   key = jax.random.key(3)
   outs = []
   for s in (setup, other):
@@ -778,8 +781,7 @@ def test_the_authors_options_change_the_training(option, other_value):
 
 def test_round_reports_the_authors_bytes_when_asked():
   base = ms_setup("authors")
-  setup = base.replace(options=tuple(sorted({**dict(base.options),
-                                             "comm_accounting": "authors"}.items())))
+  setup = base.replace(options=dataclasses.replace(base.options, comm_accounting="authors"))
   key = jax.random.key(5)
   state = multisfl.init(setup, key)
   _, m = jax.jit(lambda st, k: multisfl.round(setup, st, MS_DATA, k))(state, key)

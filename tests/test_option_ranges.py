@@ -9,13 +9,12 @@ import dataclasses
 import math
 import subprocess
 import sys
-import types
 
 import pytest
 
 from jsfl import config, options
-from jsfl.methods import registry
-from jsfl.methods.registry import METHODS
+from jsfl.methods import catalog
+from jsfl.methods.catalog import METHODS, get_method
 
 # Int/float options allowed to have no declared range, each with the reason
 # (any finite value, and ints within int32, must then be meaningful).
@@ -164,8 +163,8 @@ def test_optimiser_scalars():
 
 # ------------------------------------------------------------ option sets
 def test_schema_and_docs_need_no_jax():
-  """The registry holds every option set, so config checks and the config
-  reference never import a method module (nor JAX)."""
+  """The catalog lists every option set as data, so config checks and the
+  config reference never import a method module (nor JAX)."""
   code = ("import sys; from jsfl import config; "
           "config.load_config(None, ['method.name=multisfl', 'method.gamma=0.3']); "
           "config.markdown_reference(); "
@@ -173,18 +172,38 @@ def test_schema_and_docs_need_no_jax():
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_option_set_reads_setup_options():
-  Smooth = METHODS["sfl_smooth"].options
-  setup = types.SimpleNamespace
-  assert Smooth.of(setup(options=())).smoothing == 0.1            # defaults
-  assert Smooth.of(setup(options=(("smoothing", 0.3),))).smoothing == 0.3
+def test_option_set_is_typed_and_static():
+  Smooth = get_method("sfl_smooth").options
+  assert Smooth().smoothing == 0.1                                  # defaults
   given = Smooth(smoothing=0.2)
-  assert Smooth.of(setup(options=given)) is given
   with pytest.raises(TypeError, match="smoothing_eps"):
-    Smooth.of(setup(options=(("smoothing_eps", 0.3),)))          # a typo is not ignored
+    Smooth(smoothing_eps=0.3)                                       # a typo is not ignored
   with pytest.raises(dataclasses.FrozenInstanceError):
     given.smoothing = 0.5
   assert hash(given) == hash(Smooth(smoothing=0.2))                # static in a jit closure
+
+
+def test_static_setup_holds_no_batchable_value():
+  """A program closes over Setup.static(): reading a batchable value from it
+  fails while tracing instead of using one slot's value for every slot; the
+  slot's values travel in data.hyper."""
+  from jsfl.core.data import hyper_of
+  from jsfl.core.setup import Setup
+  Smooth = get_method("sfl_smooth").options
+  Prox = get_method("cwc").options
+  setup = Setup(model=None, num_clients=2, clients_per_round=2, max_size=4, lr=0.3,
+                options=Prox(lam=0.7, sigma=0.2, fisher="sample"))
+  static = setup.static()
+  assert static.lr is static.lr_decay is static.lr_min is None
+  assert static.options.lam is None and static.options.sigma is None
+  assert static.options.fisher == "sample"                          # static options stay
+  h = hyper_of(setup)
+  assert (h.lr, h.method.lam, h.method.sigma) == (0.3, 0.7, 0.2)
+  import jax
+  leaves, treedef = jax.tree.flatten(h)
+  assert sorted(leaves) == sorted([0.3, 1.0, 0.0, 0.7, 0.2])       # the batchable values
+  assert jax.tree.unflatten(treedef, leaves).method.fisher == "sample"
+  assert Smooth().smoothing == 0.1
 
 
 def test_option_set_declarations_are_checked():
@@ -196,6 +215,13 @@ def test_option_set_declarations_are_checked():
     @options.option_set
     class Listy:
       xs: list = options.option((), "a list")
-  with pytest.raises(TypeError, match="not an option set"):
-    registry.register("broken", "jsfl.methods.sfl", dict)
-  assert "broken" not in METHODS
+
+
+def test_catalog_is_current():
+  """The catalog says what the method modules define: every METHOD's option
+  set, field for field (``python -m jsfl.methods.catalog --write`` after a
+  change)."""
+  assert catalog.discover() == METHODS, (
+      "jsfl/methods/catalog.py is stale: run python -m jsfl.methods.catalog --write")
+  for name, entry in METHODS.items():
+    assert options.is_option_set(get_method(name).options), name

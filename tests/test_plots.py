@@ -69,7 +69,7 @@ def test_no_per_position_plot_without_a_cyclic_order(tmp_path):
 def test_plots_of_a_real_run(tmp_path):
   # Runner output (Fashion-MNIST, 2 seeds, cyclic 80%-DL): class names, 10 labels.
   if not os.path.isdir(CORE_RUNS):
-    pytest.skip("experiments/core/results/runs not present")
+    pytest.skip("experiments/core/results/core not present")
   run = os.path.join(CORE_RUNS, min(d for d in os.listdir(CORE_RUNS) if "cyclic" in d))
   pngs, problems = plots.plot_runs([run], str(tmp_path / "plots"))
   assert problems == [] and len(pngs) == 5

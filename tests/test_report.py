@@ -10,10 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from jsfl import cli, report, statistics
+from jsfl import cli, reading, report, statistics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORE_RUNS = os.path.join(REPO, "experiments", "core", "results", "runs")
+# the committed cells of experiments/core/core.toml, one run directory each
+CORE_RUNS = os.path.join(REPO, "experiments", "core", "results", "core")
 
 BASE_CONFIG = {
     "run": {"name": "t", "out_dir": "runs", "dir": "", "rounds": 7, "eval_every": 1,
@@ -98,7 +99,7 @@ def write_run(path, config_changes=None, records=None, num_labels=4, raw_lines=N
   if summary:
     with open(os.path.join(path, "summary.json"), "w") as f:
       json.dump({"method": cfg["method"]["name"], "rounds_evaluated": 7, "seeds": [0, 1],
-                 **report.summarize(records)}, f)
+                 **statistics.summarize(records)}, f)
   return str(path)
 
 
@@ -143,13 +144,13 @@ def test_csv_files_hold_the_same_numbers(tmp_path):
 def test_statistic_equals_jsfl_metrics_summarize():
   from jsfl import metrics  # imports jax: the report's copy must agree with it
   recs = make_records()
-  ours, theirs = report.summarize(recs), metrics.summarize(recs)
+  ours, theirs = statistics.summarize(recs), metrics.summarize(recs)
   for k in ("accuracy", "loss", "pg", "bw"):
     assert ours[k]["median"] == pytest.approx(theirs[k]["median"])
     assert ours[k]["std"] == pytest.approx(theirs[k]["std"])
     assert ours[k]["seeds"] == theirs[k]["seeds"]
   with pytest.raises(ValueError, match="appears twice"):
-    report.summarize(recs + recs[:1])
+    statistics.summarize(recs + recs[:1])
 
 
 def test_runs_are_grouped_by_the_fields_that_differ_and_seeds_are_pooled(tmp_path):
@@ -207,14 +208,14 @@ def test_tree_search_finds_nested_runs_and_names_what_it_cannot_use(tmp_path):
   write_run(tmp_path / "sweep" / "y" / "z" / "run2", {"method.name": "fedavg"})
   os.makedirs(tmp_path / "sweep" / "notes")
   os.makedirs(tmp_path / "empty")
-  dirs, problems = report.find_run_dirs([str(tmp_path / "sweep"),
+  dirs, problems = reading.find_run_dirs([str(tmp_path / "sweep"),
                                          str(tmp_path / "sweep" / "x" / "run1"),
                                          str(tmp_path / "empty"), str(tmp_path / "nope")])
   assert [os.path.relpath(d, tmp_path) for d in dirs] == ["sweep/x/run1", "sweep/y/z/run2"]
   assert problems == [f"{tmp_path / 'empty'}: no run directory (no metrics.jsonl) in it",
                       f"{tmp_path / 'nope'}: no such directory"]
   # a metrics.jsonl path stands for its run
-  assert report.find_run_dirs([str(tmp_path / "sweep/x/run1/metrics.jsonl")])[0] == \
+  assert reading.find_run_dirs([str(tmp_path / "sweep/x/run1/metrics.jsonl")])[0] == \
       [str(tmp_path / "sweep/x/run1")]
 
 
@@ -276,9 +277,10 @@ def test_cli_report_without_runs_is_an_error(tmp_path, capsys):
 def test_report_of_the_committed_core_runs_matches_their_summaries():
   # Real runner output: the report's figures are the ones the run wrote.
   if not os.path.isdir(CORE_RUNS):
-    pytest.skip("experiments/core/results/runs not present")
+    pytest.skip("experiments/core/results/core not present")
   rep = report.build_report([CORE_RUNS])
-  assert rep.problems == [] and len(rep.rows) == len(os.listdir(CORE_RUNS))
+  cells = [d for d in os.listdir(CORE_RUNS) if os.path.isdir(os.path.join(CORE_RUNS, d))]
+  assert rep.problems == [] and len(rep.rows) == len(cells) == 5
   for row in rep.rows:
     (run,) = row.group.runs
     with open(os.path.join(run.path, "summary.json")) as f:
@@ -354,12 +356,12 @@ def test_best_moving_average_is_the_authors_figure():
   recs = [{"seed": s, "round": r, "accuracy": a}
           for s, accs in ((0, [10.0, 20.0, 30.0]), (1, [50.0, 40.0, None]))
           for r, a in enumerate(accs, 1)]
-  assert report.best_ma_figures(recs, window=2) == {0: 25.0, 1: 50.0}
+  assert statistics.best_ma_figures(recs, window=2) == {0: 25.0, 1: 50.0}
 
 
 def test_cli_report_best_ma_column(tmp_path, capsys):
   if not os.path.isdir(CORE_RUNS):
-    pytest.skip("experiments/core/results/runs not present")
+    pytest.skip("experiments/core/results/core not present")
   assert cli.main(["report", CORE_RUNS, "--best-ma", "10", "--out", str(tmp_path)]) == 0
   out = capsys.readouterr().out
   assert "accuracy, best 10-round MA" in out and "Best 10-round MA" in out

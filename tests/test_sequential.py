@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import make_fed_data
-from test_methods_equivalence import (
+from loop_reference import (
   TOL,
   make_setup,
   ref_grad,
@@ -30,11 +30,17 @@ from test_methods_equivalence import (
 )
 
 from jsfl.core import batching
+from jsfl.core.data import gather
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.optim import make_optimizer, with_lr
 from jsfl.engine import parallel
 from jsfl.engine.orders import processing_orders
 from jsfl.methods import cwc, fedavg, fedcurv, fedntd, fedprox, fedseq, sfedkd
+from jsfl.methods.cwc import CWCOptions
+from jsfl.methods.fedcurv import FedCurvOptions
+from jsfl.methods.fedntd import FedNTDOptions
+from jsfl.methods.fedprox import FedProxOptions
+from jsfl.methods.sfedkd import SFedKDOptions
 
 DATA_SIZES = [13, 7, 20, 5, 9]
 
@@ -162,7 +168,7 @@ def test_teacher_weights_match_numpy():
   s_counts = rng.integers(0, 30, (4, 6)).astype(np.int32)
   t_counts = rng.integers(0, 30, (3, 6)).astype(np.int32)
   t_counts[0, :3] = 0  # zero classes: the smoothing keeps KL finite
-  for metric in sfedkd.METRICS:
+  for metric in sfedkd.KD_METRICS:
     w_tc, w_nc = sfedkd.teacher_weights(jnp.asarray(s_counts), jnp.asarray(t_counts),
                                         metric=metric)
     r_tc, r_nc = np_weights(s_counts, t_counts, metric)
@@ -208,7 +214,7 @@ def test_diag_fisher_matches_loop(mode):
   @jax.jit
   @jax.grad
   def ce(p, i, m):
-    x, y = batching.gather(data, i)
+    x, y = gather(data, i)
     return masked_cross_entropy(model.apply(p, stats, x, train=False)[0], y, m)
 
   terms = []
@@ -241,7 +247,7 @@ def test_greedy_selection_single_class_clients_is_exact_cover():
     np.testing.assert_allclose(np_objective(counts, sel), brute_force(counts, m), atol=1e-6)
 
 
-@pytest.mark.parametrize("metric", sfedkd.METRICS)
+@pytest.mark.parametrize("metric", sfedkd.KD_METRICS)
 def test_greedy_selection_against_brute_force(metric):
   rng = np.random.default_rng(4)
   checked = 0
@@ -330,14 +336,14 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None):
   model = setup.model
   st = mod.init(setup, key)
   params, stats = st.params, st.stats
-  counts = np.asarray(data["counts"])
+  counts = np.asarray(data.counts)
   importance = zeros_like(params)
   prev_models = prev_clients = None
   losses, logs = [], []
   for r in range(rounds):
     order_key, clients, _, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
     seq = np.asarray(processing_orders(setup.order, order_key, 1, clients,
-                                              data["dominant"], st.label_rank))[0]
+                                              data.dominant, st.label_rank))[0]
     students = np.asarray(clients)[seq]
     teachers = None
     if kd and r > 0:
@@ -353,7 +359,7 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None):
       for t in range(idx.shape[0]):
         if not mask[t, c].any():
           continue
-        x, y = batching.gather(data, idx[t, c])
+        x, y = gather(data, idx[t, c])
         if teachers is not None:
           tl = jnp.stack([ref_logits(model, tp, ts, x) for tp, ts in teachers])
           loss, ns, g = ref_kd_grad(model, p, s, x, y, mask[t, c], tl,
@@ -372,7 +378,7 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None):
       models.append((p, s))
       if cwc_opts:
         nb = idx.shape[0] // setup.local_epochs
-        sq = [ref_batch_sq_grad(model, p, s, *batching.gather(data, idx[t, c]), mask[t, c])
+        sq = [ref_batch_sq_grad(model, p, s, *gather(data, idx[t, c]), mask[t, c])
               for t in range(nb) if mask[t, c].any()]
         fisher = jax.tree.map(lambda *a: sum(a) / len(a), *sq)
         importance = jax.tree.map(jnp.add, importance, fisher)
@@ -404,7 +410,7 @@ def test_fedseq_equals_loop():
   # The sequence is a real permutation here (not the ascending participants).
   assert any(np.any(np.diff(m["clients"]) < 0) for m in metrics)
   # SFedKD with no teachers is FedSeq.
-  kd0, l0 = run_rounds(sfedkd, seq_setup(data, options=(("num_teachers", 0),)), data, key, 2)
+  kd0, l0 = run_rounds(sfedkd, seq_setup(data, options=SFedKDOptions(num_teachers=0)), data, key, 2)
   chex.assert_trees_all_close(kd0.params, state.params, **TOL)
   np.testing.assert_allclose(l0, losses, **TOL)
 
@@ -414,7 +420,7 @@ KD = {"m": 2, "alpha": 1.0, "beta": 8.0, "t": 4.0}
 
 def test_sfedkd_equals_loop():
   data = make_fed_data(DATA_SIZES)
-  setup = seq_setup(data, options=(("num_teachers", KD["m"]),))
+  setup = seq_setup(data, options=SFedKDOptions(num_teachers=KD["m"]))
   key = jax.random.key(8)
   state, losses, metrics = run_logged(sfedkd, setup, data, key, 3)
   (p, s, _), ref_losses, logs = ref_sequential(sfedkd, setup, data, key, 3, kd=KD)
@@ -434,7 +440,7 @@ def test_sfedkd_equals_loop():
 def test_cwc_equals_loop():
   data = make_fed_data(DATA_SIZES)
   opts = {"lam": 1e-3, "sigma": 0.5}  # lr * lam * max(C) < 1: stable
-  setup = seq_setup(data, options=tuple(opts.items()))
+  setup = seq_setup(data, options=CWCOptions(**opts))
   key = jax.random.key(10)
   state, losses, _ = run_logged(cwc, setup, data, key, 2)
   (p, _, imp), ref_losses, _ = ref_sequential(cwc, setup, data, key, 2, cwc_opts=opts)
@@ -450,11 +456,11 @@ def test_parallel_baselines_reduce_to_fedavg():
   data = make_fed_data(DATA_SIZES)
   key = jax.random.key(11)
   a, la = run_rounds(fedavg, seq_setup(data), data, key, 1)
-  c, lc = run_rounds(fedprox, seq_setup(data, options=(("mu", 0.0),)), data, key, 1)
+  c, lc = run_rounds(fedprox, seq_setup(data, options=FedProxOptions(mu=0.0)), data, key, 1)
   chex.assert_trees_all_close(a.params, c.params, **TOL)
   chex.assert_trees_all_close(a.stats, c.stats, **TOL)
   np.testing.assert_allclose(la, lc, **TOL)
-  state, lcurv, metrics = run_logged(fedcurv, seq_setup(data, options=(("lam", 1.0),)),
+  state, lcurv, metrics = run_logged(fedcurv, seq_setup(data, options=FedCurvOptions(lam=1.0)),
                                      data, key, 2)
   np.testing.assert_allclose(lcurv[:1], la, **TOL)
   assert float(metrics[0]["reg_loss"]) == 0.0
@@ -468,7 +474,7 @@ def test_loss_term_gradient_is_added_to_the_step(mod):
   term is the plain update minus lr times the term's gradient, written out
   here directly (``mu (w - w0)``; the NTD loss of the two models' logits)."""
   data = make_fed_data([8])
-  opts = {fedprox: (("mu", 0.5),), fedntd: (("beta", 2.0), ("tau", 2.0))}[mod]
+  opts = {fedprox: FedProxOptions(mu=0.5), fedntd: FedNTDOptions(beta=2.0, tau=2.0)}[mod]
   setup = make_setup(tiny_model("none"), data, batch_size=8, momentum=0.0,
                      weight_decay=0.0, lr=0.1, lr_decay=1.0, options=opts)
   model = setup.model
@@ -477,8 +483,9 @@ def test_loss_term_gradient_is_added_to_the_step(mod):
   tx = make_optimizer()
   opt = with_lr(tx.init(shifted), 0.1)
   idx, mask = jnp.arange(8), jnp.ones((8,), bool)
-  x, y = batching.gather(data, idx)
-  aux = mod.make_aux(setup)
+  x, y = gather(data, idx)
+  aux = (fedprox.make_aux(opts.mu) if mod is fedprox
+         else fedntd.make_aux(setup, opts.beta, opts.tau))
   got = jax.jit(lambda: parallel.local_step(setup, tx, data, shifted, s0, opt, idx, mask,
                                             aux, parallel.Client(p0, s0))[0])()
   plain = jax.jit(lambda: parallel.local_step(setup, tx, data, shifted, s0, opt, idx,
@@ -511,7 +518,7 @@ def test_teacher_logit_cache_lookup():
   model = tiny_model()
   setup = base_setup(model)
   params, stats = jax.vmap(model.init)(jax.random.split(jax.random.key(0), 2))
-  table, sizes = data["table"], data["sizes"]
+  table, sizes = data.table, data.sizes
   idx, mask = batching.round_batches(jax.random.key(1), table, sizes, 4, 2)
   idx, mask = idx[:, 0], mask[:, 0]                          # (2 epochs * 3, 4)
   ids, valid, logits = jax.jit(lambda: sfedkd.epoch_teacher_logits(
@@ -519,6 +526,6 @@ def test_teacher_logit_cache_lookup():
   for t in range(3, 6):  # second epoch
     got = sfedkd.lookup_logits(ids, valid, logits, idx[t])
     want = sfedkd.teacher_logits(setup, params, stats,
-                                 batching.gather(data, idx[t])[0], "vmap")
+                                 gather(data, idx[t])[0], "vmap")
     m = np.asarray(mask[t])
     np.testing.assert_allclose(np.asarray(got)[:, m], np.asarray(want)[:, m], **TOL)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jsfl import config as config_lib
-from jsfl import runner, slots
+from jsfl import slots, train
 from jsfl.rundir import read_metrics
 
 SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_classes=4",
@@ -19,7 +19,7 @@ SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_c
 # repeats seed 1 of cell a with another partition draw and learning rate.
 CASES = {
     "sfl": ([], ["optim.lr=0.05"], ["optim.lr=0.1", "optim.lr_decay=0.9"]),
-    "hydra": (["method.groups=2"], ["optim.lr=0.05"], ["optim.lr=0.02"]),
+    "hydra": (["method.groups=2", "method.superclasses=consecutive"], ["optim.lr=0.05"], ["optim.lr=0.02"]),
     "multisfl": (["method.min_request=0"], ["method.alpha=0.1", "method.gamma=0.5"],
                  ["method.alpha=0.5", "method.gamma=0.9", "optim.lr=0.02"]),
     "fedseq": ([], ["optim.lr=0.05"], ["optim.lr=0.1"]),
@@ -49,11 +49,11 @@ def test_slotted_program_equals_cell_runs(method, tmp_path):
   assert len({slots.signature(c) for _, c in cells}) == 1
   alone = {}
   for name, cfg in cells:
-    d = runner.run(cfg)
+    d = train.run(cfg)
     alone.update({(name, s, r): rec for (_, s, r), rec in by_run(f"{d}/metrics.jsonl").items()})
   prog = json.loads(json.dumps(cells[0][1]))
   prog["run"]["dir"] = str(tmp_path / "program")
-  d = runner.run(prog, cells=cells)
+  d = train.run(prog, cells=cells)
   together = by_run(f"{d}/metrics.jsonl")
   assert set(together) == set(alone)  # every cell's seeds and rounds, seed 1 twice
   for k, rec in alone.items():

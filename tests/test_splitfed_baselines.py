@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import make_fed_data
-from test_methods_equivalence import (
+from loop_reference import (
   TOL,
   make_setup,
   ref_avg,
@@ -31,8 +31,8 @@ from test_methods_equivalence import (
   zeros_like,
 )
 
-from jsfl import config, runner
-from jsfl.core import batching
+from jsfl import config, train
+from jsfl.core.data import gather
 from jsfl.core.method import activation_size, portion_bytes
 from jsfl.engine.orders import processing_orders
 from jsfl.methods import (
@@ -42,6 +42,8 @@ from jsfl.methods import (
   splitfedv3,
   splitnn,
 )
+from jsfl.methods.mergesfl import MergeSFLOptions
+from jsfl.methods.multihead import MultiHeadOptions
 from jsfl.rundir import read_metrics
 
 # Compiling a round program costs seconds on the shared 2-core CPU, so the
@@ -88,7 +90,7 @@ def ref_split_client(setup, data, p1, s1, p2, s2, b1, b2, idx, mask, lr):
   for t in range(idx.shape[0]):
     if not mask[t].any():
       continue
-    x, y = batching.gather(data, idx[t])
+    x, y = gather(data, idx[t])
     act, ns1 = ref_fwd(model, p1, s1, x, mask[t])
     l, ns2, g2, ga = ref_grad(model, p2, s2, act, y, mask[t], setup.cut)
     g1 = ref_bwd(model, p1, s1, x, mask[t], ga)
@@ -147,7 +149,7 @@ def test_splitfedv3_predict_picks_the_most_confident_client():
   inits = [model.init(jax.random.key(100 + k))[0][:PARTIAL.cut]
            for k in range(PARTIAL.num_clients)]
   state = state.replace(part1=jax.tree.map(lambda *xs: jnp.stack(xs), *inits))
-  x = batching.gather(DATA, jnp.arange(40))[0]
+  x = gather(DATA, jnp.arange(40))[0]
   got = jax.jit(lambda s, xx: splitfedv3.predict(PARTIAL, s, xx))(state, x)
   per_client = np.stack([
       np.asarray(model.logits(rows(state.part1, k) + state.part2,
@@ -179,7 +181,7 @@ def ref_splitnn(setup, data, key, rounds):
     if setup.order == "random":
       # drawn as the permutation of SFL's first random batch step
       order = np.asarray(processing_orders(
-          "random", order_key, 1, clients, data["dominant"], st.label_rank)[0])
+          "random", order_key, 1, clients, data.dominant, st.label_rank)[0])
     else:
       order = np.argsort(clients)
     visits.append(clients[order])
@@ -218,14 +220,14 @@ def test_splitnn_visiting_orders():
   def order(name, r):
     setup = PARTIAL.replace(order=name)
     pos = splitnn.visiting_order(setup, jax.random.key(r), clients,
-                                 DATA["dominant"], st.label_rank, jnp.int32(r))
+                                 DATA.dominant, st.label_rank, jnp.int32(r))
     return np.asarray(clients)[np.asarray(pos)]
 
   np.testing.assert_array_equal(order("fixed", 0), [0, 2, 3])
   draws = {tuple(order("random", r)) for r in range(8)}
   assert len(draws) > 1 and all(sorted(d) == [0, 2, 3] for d in draws)
   cyc = [order("cyclic_reverse", r) for r in range(3)]
-  rank = np.asarray(st.label_rank)[np.asarray(DATA["dominant"])[cyc[0]]]
+  rank = np.asarray(st.label_rank)[np.asarray(DATA.dominant)[cyc[0]]]
   assert np.all(np.diff(rank) >= 0)  # grouped by the run's label cycle
   np.testing.assert_array_equal(cyc[1], cyc[0][::-1])
   np.testing.assert_array_equal(cyc[2], cyc[0])
@@ -249,7 +251,7 @@ def ref_multihead(setup, data, key, rounds):
       for t in range(idx.shape[0]):
         if not mask[t, i].any():
           continue
-        x, y = batching.gather(data, idx[t, i])
+        x, y = gather(data, idx[t, i])
         l, ns, g, _ = ref_grad(model, p, s, x, y, mask[t, i])
         p, buf = ref_sgd(p, g, buf, lr, setup)
         s = ns
@@ -263,14 +265,15 @@ def ref_multihead(setup, data, key, rounds):
 
 
 # head = stages [1, 4): conv2 (with BatchNorm) and both dense layers
-MH = PARTIAL.replace(options=(("head_cut", 1),))
+MH = PARTIAL.replace(options=MultiHeadOptions(head_cut=1))
+MH_DEFAULT = PARTIAL.replace(options=MultiHeadOptions())
 
 
 def test_multihead_head_cut_option():
-  assert multihead.head_cut(PARTIAL) == PARTIAL.model.default_head_cut == 3
+  assert multihead.head_cut(MH_DEFAULT) == PARTIAL.model.default_head_cut == 3
   assert multihead.head_cut(MH) == 1
   with pytest.raises(ValueError, match="method.head_cut"):
-    multihead.head_cut(PARTIAL.replace(options=(("head_cut", 4),)))
+    multihead.head_cut(PARTIAL.replace(options=MultiHeadOptions(head_cut=4)))
 
 
 def test_multihead_equals_loop():
@@ -304,15 +307,15 @@ def test_multihead_keeps_heads_of_non_participants():
 
 
 def test_multihead_predict_picks_the_most_confident_head():
-  model, h = PARTIAL.model, multihead.head_cut(PARTIAL)
-  state = multihead.init(PARTIAL, jax.random.key(15))
+  model, h = PARTIAL.model, multihead.head_cut(MH_DEFAULT)
+  state = multihead.init(MH_DEFAULT, jax.random.key(15))
   # He-normal heads: PyTorch-style ones are too alike to give several winners.
   drawn = dataclasses.replace(model, init_scheme="he_lecun")
   inits = [drawn.init(jax.random.key(200 + k))[0][h:]
            for k in range(PARTIAL.num_clients)]
   state = state.replace(heads=jax.tree.map(lambda *xs: jnp.stack(xs), *inits))
-  x = batching.gather(DATA, jnp.arange(40))[0]
-  got = np.asarray(jax.jit(lambda s, xx: multihead.predict(PARTIAL, s, xx))(state, x))
+  x = gather(DATA, jnp.arange(40))[0]
+  got = np.asarray(jax.jit(lambda s, xx: multihead.predict(MH_DEFAULT, s, xx))(state, x))
   per = np.stack([np.asarray(model.logits(state.body + inits[k],
                                           state.body_stats + rows(state.heads_stats, k), x))
                   for k in range(PARTIAL.num_clients)])
@@ -329,7 +332,7 @@ def ref_mergesfl(setup, data, key, rounds):
   trains copy ``j mod C`` on its j-th batch of the round and copy C - 1 is
   what gets averaged."""
   model, cut = setup.model, setup.cut
-  opts = dict(setup.options)
+  opts = dataclasses.asdict(setup.options)
   copies = opts.get("part1_copies", 10)
   per_client = opts.get("grad_scale", "client_mean") == "client_mean"
   st = mergesfl.init(setup, key)
@@ -348,7 +351,7 @@ def ref_mergesfl(setup, data, key, rounds):
       xs, ys, acts, ns1, k = [], [], [], [], []
       for c in range(n):
         k.append(served[c] % copies)
-        x, y = batching.gather(data, idx[t, c])
+        x, y = gather(data, idx[t, c])
         a, s = ref_fwd(model, p1[c][k[c]], s1[c][k[c]], x, mask[t, c])
         xs.append(x), ys.append(y), acts.append(a), ns1.append(s)
       if not mask[t].any():
@@ -383,8 +386,8 @@ MERGE_CASES = {  # (grad_scale, part1_copies, local_epochs)
 @pytest.mark.parametrize("case", sorted(MERGE_CASES))
 def test_mergesfl_equals_loop(case):
   scale, copies, epochs = MERGE_CASES[case]
-  setup = PARTIAL.replace(local_epochs=epochs, options=(
-      ("grad_scale", scale), ("part1_copies", copies)))
+  setup = PARTIAL.replace(local_epochs=epochs, options=MergeSFLOptions(
+      grad_scale=scale, part1_copies=copies))
   key = jax.random.key(16)
   state, losses = run_rounds(mergesfl, setup, DATA, key, 2)
   (p1, s1, p2, s2), ref_losses = ref_mergesfl(setup, DATA, key, 2)
@@ -401,7 +404,7 @@ def test_one_client_splitnn_and_mergesfl_equal_sfl():
   the server's persists, the client's lives one round."""
   key = jax.random.key(17)
   ref, l_ref = run_rounds(sfl, ONE, DATA1, key, 2)
-  one_copy = ONE.replace(options=(("part1_copies", 1),))
+  one_copy = ONE.replace(options=MergeSFLOptions(part1_copies=1))
   for mod, setup in ((splitnn, ONE), (mergesfl, one_copy)):
     a, la = run_rounds(mod, setup, DATA1, key, 2)
     chex.assert_trees_all_close(a.part1 + a.part2, ref.part1 + ref.part2, **TOL)
@@ -423,7 +426,7 @@ def test_runs_through_the_runner(tmp_path, name, extra):
       f"method.name={name}", "method.clients_per_round=3", "method.batch_size=16",
       "run.rounds=1", f"run.dir={tmp_path / name}", "exec.progress=false",
       "exec.eval_batch=25", *extra])
-  out = runner.run(cfg)
+  out = train.run(cfg)
   recs = read_metrics(f"{out}/metrics.jsonl")
   assert [r["round"] for r in recs] == [1]
   for r in recs:
@@ -440,5 +443,6 @@ def test_communication():
   assert splitfedv3.communication(PARTIAL, 10) == (10 * (act + 4), 10 * act)
   for mod in (splitnn, mergesfl):
     assert mod.communication(PARTIAL, 10) == (3 * p1 + 10 * (act + 4), 3 * p1 + 10 * act)
-  assert multihead.communication(PARTIAL, 10) == (3 * body, 3 * body)
+  with_heads = PARTIAL.replace(options=multihead.METHOD.options())
+  assert multihead.communication(with_heads, 10) == (3 * body, 3 * body)
   assert body < portion_bytes(model, 0, model.num_stages)

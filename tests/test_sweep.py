@@ -9,8 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from jsfl import cli, runner, sweep
+from jsfl import cli, sweep, train
 from jsfl.rundir import read_metrics
+from jsfl.train import memory, programs
+from jsfl.train.lifecycle import Progress
+from jsfl.train.memory import memory_estimate
+from jsfl.train.programs import build_programs
 
 # The synthetic setup of test_cli.SYN, as a sweep's [base] table.
 BASE = """
@@ -81,7 +85,7 @@ method.name = ["sfl", "fedavg"]
 
 def test_long_names_stay_file_names():
   name = sweep.cell_name([("method.name", "x" * 300)])
-  assert len(name) <= sweep.NAME_LIMIT and name.startswith("method=xxx")
+  assert len(name) <= sweep.format.NAME_LIMIT and name.startswith("method=xxx")
   assert sweep.cell_name([("method.name", "x" * 301)]) != name
 
 
@@ -145,7 +149,7 @@ def test_bad_shard_is_exit_2(tmp_path, capsys, spec):
     ('[grid]\npartition = [{name = "iid"}, 3]', "allowed: a section axis of tables only"),
     ('[grid]\npartition = [{name = {x = 1}}]', "partition.name is a table"),
     ('[grid]\n"exec.max_slots" = [-1]', "exec.max_slots=-1; allowed: an int in"),
-    # options the data, partition and model owners check (runner.prepare)
+    # options the data, partition and model owners check (train.prepare)
     (('[grid]\n"method.name" = ["sfl"]\n[[cells]]\n"partition.name" = "dirichlet"\n'
       '"partition.alpha" = -1.0'),
      "cell partition=dirichlet,partition.alpha=-1.0: [partition]"),
@@ -218,7 +222,7 @@ def test_sweep_runs_every_cell(ran):
 
 
 def _fake_run(calls):
-  """A runner.run that records its config and writes a finished run directory."""
+  """A train.run that records its config and writes a finished run directory."""
   def run(cfg, exp=None, **kw):
     calls.append(cfg)
     d = cfg["run"]["dir"]
@@ -235,7 +239,7 @@ def test_rerun_skips_finished_cells(ran, monkeypatch, capsys):
   _, path, sw = ran
   before = tree(sw.root)
   calls = []
-  monkeypatch.setattr(runner, "run", _fake_run(calls))
+  monkeypatch.setattr(train, "run", _fake_run(calls))
   assert cli.main(["sweep", path, "--quiet"]) == 0
   assert calls == [] and tree(sw.root) == before
   assert "2 cells, 2 done, 0 programs to go" in capsys.readouterr().out
@@ -245,7 +249,7 @@ def test_partial_cells_are_resumed_or_rerun(tmp_path, monkeypatch, capsys):
   path = write_sweep(tmp_path / "s.toml", tmp_path / "out",
                      '[grid]\n"method.name" = ["sfl", "fedavg", "splitfedv1"]')
   calls, resumed = [], []
-  monkeypatch.setattr(runner, "run", _fake_run(calls))
+  monkeypatch.setattr(train, "run", _fake_run(calls))
   assert cli.main(["sweep", path]) == 0
   sw = sweep.load_sweep(path)
   sweep.resolve(sw)
@@ -254,7 +258,7 @@ def test_partial_cells_are_resumed_or_rerun(tmp_path, monkeypatch, capsys):
   sfl, fedavg, _ = sw.cells
   # killed after the summary was written but before the marker: partial
   os.remove(f"{sfl.dir}/.done")
-  # killed mid-run with checkpoints: resumed where runner.resume exists
+  # killed mid-run with checkpoints: resumed where train.resume exists
   os.remove(f"{fedavg.dir}/.done")
   os.makedirs(f"{fedavg.dir}/checkpoints")
   with open(f"{fedavg.dir}/summary.json", "w") as f:
@@ -266,7 +270,7 @@ def test_partial_cells_are_resumed_or_rerun(tmp_path, monkeypatch, capsys):
       json.dump({"rounds_evaluated": 2}, f)
     return run_dir
 
-  monkeypatch.setattr(runner, "resume", fake_resume, raising=False)
+  monkeypatch.setattr(train, "resume", fake_resume)
   capsys.readouterr()
   assert cli.main(["sweep", path, "--dry-run"]) == 0
   out = capsys.readouterr().out
@@ -277,8 +281,11 @@ def test_partial_cells_are_resumed_or_rerun(tmp_path, monkeypatch, capsys):
   assert [c["run"]["dir"] for c in calls] == [sfl.dir]  # rerun from scratch
   assert resumed == [(fedavg.dir, False)]
   assert all(sweep.status(c) == "done" for c in sw.cells)
-  # without runner.resume a partial cell with checkpoints reruns from scratch
-  monkeypatch.delattr(runner, "resume", raising=False)
+  # a partial cell whose checkpoints do not resume reruns from scratch
+  def broken_resume(run_dir, progress=None):
+    raise RuntimeError("checkpoint unreadable")
+
+  monkeypatch.setattr(train, "resume", broken_resume)
   os.remove(f"{fedavg.dir}/.done")
   calls.clear()
   assert cli.main(["sweep", path, "--quiet"]) == 0
@@ -296,7 +303,7 @@ def test_a_run_that_stops_early_is_not_marked_done(tmp_path, monkeypatch, capsys
       json.dump({"rounds_evaluated": 1}, f)
     return cfg["run"]["dir"]
 
-  monkeypatch.setattr(runner, "run", short_run)
+  monkeypatch.setattr(train, "run", short_run)
   assert cli.main(["sweep", path, "--quiet"]) == 1
   captured = capsys.readouterr()
   assert "2 cells failed: method=sfl, method=fedavg" in captured.err
@@ -315,13 +322,13 @@ def test_cells_of_one_program_equal_single_runs(tmp_path, monkeypatch):
 "run.seed" = [0, 2]
 """, base=BASE + '"run.seeds" = 2\n"partition.name" = "dirichlet"\n"partition.alpha" = 0.5\n'
       '"method.order" = "cyclic"\n')
-  real_run, calls = runner.run, []
+  real_run, calls = train.run, []
 
   def counting_run(cfg, exp=None, **kw):
     calls.append((cfg, kw.get("cells")))
     return real_run(cfg, exp, **kw)
 
-  monkeypatch.setattr(runner, "run", counting_run)
+  monkeypatch.setattr(train, "run", counting_run)
   assert cli.main(["sweep", path, "--quiet"]) == 0
   sw = sweep.load_sweep(path)
   sweep.resolve(sw)
@@ -450,6 +457,22 @@ def test_dry_run_lists_statuses_and_writes_nothing(ran, capsys):
   assert tree(sw.root) == before
 
 
+def test_out_dir_points_the_sweep_at_cells_elsewhere(ran, capsys):
+  """--out-dir reads the same cells from another directory (committed results)."""
+  tmp, _, sw = ran
+  moved = tmp / "elsewhere"
+  shutil.copytree(tmp / "out", moved)
+  path = write_sweep(tmp / "s5.toml", tmp / "nowhere",
+                     '[grid]\n"method.name" = ["sfl", "fedavg", "splitfedv1"]')
+  capsys.readouterr()
+  assert cli.main(["sweep", path, "--dry-run", "--out-dir", str(moved)]) == 0
+  out = capsys.readouterr().out
+  cells = [line.split()[:2] for line in out.splitlines() if line.startswith("  ")]
+  assert cells == [["done", "method=sfl"], ["done", "method=fedavg"],
+                   ["todo", "method=splitfedv1"]]
+  assert str(moved / "t") in out and not (tmp / "nowhere").exists()
+
+
 def test_memory_guard_cuts_a_program_in_whole_cells(tmp_path, monkeypatch, capsys):
   path = write_sweep(tmp_path / "s.toml", tmp_path / "out",
                      '[grid]\n"optim.lr" = [0.01, 0.02, 0.03]', base=BASE + '"run.seeds" = 2\n')
@@ -457,9 +480,9 @@ def test_memory_guard_cuts_a_program_in_whole_cells(tmp_path, monkeypatch, capsy
   sweep.resolve(sw)
   (program,) = sweep.plan(sw, sw.cells)
   assert program.slots == 6
-  est = runner.memory_estimate(runner.prepare(program.cfg, program.cell_configs()))
+  est = memory_estimate(train.prepare(program.cfg, program.cell_configs()))
   assert est["per_slot"] > 0 and est["shared"] > 0 and est["device"] > 0
-  monkeypatch.setattr(runner, "fitting_slots", lambda exp: 4)  # a small device
+  monkeypatch.setattr(memory, "fitting_slots", lambda exp: 4)  # a small device
   lines = []
   units = sweep.validate_units(sw, [program], lines.append)
   assert [[c.index for c in u.cells] for u in units] == [[0, 1], [2]]
@@ -479,7 +502,7 @@ def test_a_diverged_slot_fails_its_cell_only(tmp_path, monkeypatch, capsys):
                      '[grid]\n"optim.lr" = [0.01, 0.02]',
                      base=BASE.replace('"run.rounds" = 2', '"run.rounds" = 3')
                      + '"run.seeds" = 2\n"run.on_divergence" = "stop_run"\n')
-  build = runner.build_programs
+  build = build_programs
 
   def patched(exp, mesh=None):  # slot 3 (cell lr=0.02, seed 1) diverges in round 2
     init, rnd, ev = build(exp, mesh)
@@ -492,7 +515,7 @@ def test_a_diverged_slot_fails_its_cell_only(tmp_path, monkeypatch, capsys):
         m = {**m, "finite": m["finite"].at[3].set(False)}
       return state, m
     return init, rnd_, ev
-  monkeypatch.setattr(runner, "build_programs", patched)
+  monkeypatch.setattr(programs, "build_programs", patched)
   assert cli.main(["sweep", path, "--quiet"]) == 1
   err = capsys.readouterr().err
   assert "1 cell failed: optim.lr=0.02" in err
@@ -515,16 +538,16 @@ def test_a_killed_program_resumes_bit_identically(tmp_path, monkeypatch, capsys)
           + '"run.seeds" = 2\n"run.checkpoint_every" = 1\n')
   whole = write_sweep(tmp_path / "a.toml", tmp_path / "a", body, base=base)
   assert cli.main(["sweep", whole, "--quiet"]) == 0
-  real_update = runner.Progress.update
+  real_update = Progress.update
 
   def killed(self, r, *a, **kw):  # a SIGKILL in round 2, after its records, before
     real_update(self, r, *a, **kw)  # its checkpoint: the resume starts from round 1
     if r == 2:
       raise KeyboardInterrupt
-  monkeypatch.setattr(runner.Progress, "update", killed)
+  monkeypatch.setattr(Progress, "update", killed)
   cut = write_sweep(tmp_path / "b.toml", tmp_path / "b", body, base=base)
   assert cli.main(["sweep", cut, "--quiet"]) != 0
-  monkeypatch.setattr(runner.Progress, "update", real_update)
+  monkeypatch.setattr(Progress, "update", real_update)
   sw = sweep.load_sweep(cut)
   sweep.resolve(sw)
   (batch,) = [n for n in os.listdir(sw.root) if n.startswith(".batch-") and "." not in n[1:]]

@@ -15,8 +15,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jsfl.data import normalize
-
 
 def steps_per_epoch(max_size: int, batch_size: int) -> int:
   """Batch steps of one epoch of the largest client (static)."""
@@ -71,9 +69,3 @@ def round_batches(key, table, sizes, batch_size: int, epochs: int,
   idx, mask = jax.vmap(
       lambda k: epoch_batches(k, table, sizes, batch_size, client_ids, drop_last))(keys)
   return (idx.reshape((-1,) + idx.shape[2:]), mask.reshape((-1,) + mask.shape[2:]))
-
-
-def gather(data, idx):
-  """Normalised inputs and labels for an index array of any shape."""
-  x = normalize(data["x"][idx], data["mean"], data["std"])
-  return x, data["y"][idx]

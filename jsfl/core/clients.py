@@ -19,7 +19,7 @@ def map_clients(fn: Callable, how: str, *args):
   ``vmap`` batches all clients into one program (fastest on GPU and for dense
   layers); ``map`` is a rolled sequential loop (``lax.map``), ``unroll`` a
   Python-unrolled loop inside the same jit, which XLA:CPU may run faster for
-  convolutions with the ``xla`` lowering (see PERF-NOTES).  All three compute
+  convolutions with the ``xla`` lowering (measured in ``benchmarks/results/``).  All three compute
   the same values.
   """
   if how == "vmap":

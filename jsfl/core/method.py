@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from jsfl.core.setup import Setup
-from jsfl.methods.registry import METHODS
 from jsfl.models.base import StagedModel
+from jsfl.options import NoOptions
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Method:
-  """A method as a value (the ``METHOD`` of its module, registered by name in
-  ``jsfl.methods.registry`` with its option set).
+  """A method as a value: the ``METHOD`` of its module in ``jsfl/methods/``,
+  known by the module's name (``jsfl.methods.catalog``).
 
   * ``init(setup, key) -> state``: a pytree;
   * ``round(setup, state, data, key) -> (state, metrics)``: one round, pure
@@ -36,7 +35,9 @@ class Method:
   * ``artifacts(setup, partitions) -> {file name: JSON object}``: extra
     files of the run directory (Hydra's ``groups.json``);
   * ``label_rank(state) -> (L,)``: the run's label cycle, for methods with
-    cyclic processing orders (per-position accuracy).
+    cyclic processing orders (per-position accuracy);
+  * ``options``: the method's option set (:func:`jsfl.options.option_set`),
+    its own ``[method]`` keys; a run's ``Setup.options`` is an instance.
   """
 
   init: Callable
@@ -47,6 +48,7 @@ class Method:
   validate: Callable | None = None
   artifacts: Callable | None = None
   label_rank: Callable | None = None
+  options: type = NoOptions
 
   def __post_init__(self):
     object.__setattr__(self, "round", _counting_bytes(self.round, self.communication))
@@ -68,13 +70,6 @@ def _counting_bytes(round_fn: Callable, communication: Callable) -> Callable:
 def label_rank_of(state):
   """``state.label_rank``: the ``Method.label_rank`` of states that hold one."""
   return state.label_rank
-
-
-def get_method(name: str) -> Method:
-  """The method registered under ``name``."""
-  if name not in METHODS:
-    raise ValueError(f"method={name!r}; allowed: {', '.join(sorted(METHODS))}")
-  return importlib.import_module(METHODS[name].module).METHOD
 
 
 LABEL_BYTES = 4  # labels travel as int32

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jsfl.core import batching
+from jsfl.core.data import hyper
 from jsfl.core.optim import make_optimizer, round_lr, with_lr
 from jsfl.core.setup import Setup
 
@@ -39,18 +40,18 @@ def plan_round(setup: Setup, data, key, round_idx) -> RoundPlan:
   k_part, k_batch, k_order = jax.random.split(key, 3)
   clients = sample_clients(k_part, setup.num_clients,
                                   setup.clients_per_round)
-  sizes = data["sizes"][clients]
-  idx, mask = batching.round_batches(k_batch, data["table"][clients], sizes,
+  sizes = data.sizes[clients]
+  idx, mask = batching.round_batches(k_batch, data.table[clients], sizes,
                                      setup.batch_size, setup.local_epochs, clients,
                                      drop_last=setup.drop_last)
   tx = make_optimizer(setup.momentum, setup.weight_decay)
-  lr = round_lr(setup.lr, setup.lr_decay, setup.lr_min, round_idx,
-                       setup.lr_decay_start)
+  hp = hyper(setup, data)
+  lr = round_lr(hp.lr, hp.lr_decay, hp.lr_min, round_idx, setup.lr_decay_start)
   return RoundPlan(clients, sizes, idx, mask, k_order, tx, lr)
 
 
 def fresh_opt_states(plan: RoundPlan, stacked_params):
-  """Per-client optimiser states, rebuilt every round (SPEC 1.3)."""
+  """Per-client optimiser states, rebuilt every round (docs/setting.md#optimisation)."""
   return jax.vmap(lambda p: with_lr(plan.tx.init(p), plan.lr))(stacked_params)
 
 

@@ -37,7 +37,7 @@ def fresh(tx, lr, params, stats) -> Portion:
 
 def fresh_stack(plan, params, stats) -> Portion:
   """Stacked portions, each with its own new optimiser state at the round's
-  learning rate (a client's optimiser lives one round, SPEC 1.3)."""
+  learning rate (a client's optimiser lives one round, docs/setting.md#optimisation)."""
   return Portion(params, stats, fresh_opt_states(plan, params))
 
 

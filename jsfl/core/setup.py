@@ -1,15 +1,29 @@
-"""The static description of a run that every round closes over."""
+"""The description of a run that every round closes over.
+
+A :class:`Setup` holds a run's config values: shapes, counts, choices and the
+method's option set.  Its *batchable* values (the learning-rate schedule's
+``lr``, ``lr_decay``, ``lr_min`` and the option-set fields declared
+``batchable``) may differ between the slots of one program, so a round never
+reads them here: it reads its slot's values from ``data.hyper``
+(:class:`jsfl.core.data.Hyper`, :func:`jsfl.core.data.hyper`).  The programs
+close over :meth:`Setup.static`, in which those values are None, so a round
+that reads one from the setup fails while it is traced instead of silently
+using one slot's value for all.  Host-side code (validation, artifacts,
+records) reads the setup of its own cell, whose values are all there.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from jsfl.models.base import StagedModel
+from jsfl.options import NoOptions, options_of
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Setup:
-  """Static description of a run that a round function closes over."""
+  """A run's config values (see the module docstring for the batchable ones)."""
 
   model: StagedModel
   num_clients: int            # K
@@ -22,15 +36,15 @@ class Setup:
   order_rule: str = "authors"  # engine.schedule.RULES
   batches_per_turn: int = 1   # cyclic orders under order_rule="authors"
   drop_last: bool = False     # a client's last partial batch of an epoch is left out
-  lr: float = 0.05
-  lr_decay: float = 1.0
-  lr_min: float = 0.0
+  lr: float | None = 0.05     # batchable
+  lr_decay: float | None = 1.0  # batchable
+  lr_min: float | None = 0.0  # batchable
   lr_decay_start: int = 1     # first decayed round
   momentum: float = 0.0
   weight_decay: float = 0.0
   client_exec: str = "vmap"
   server_unroll: int = 1
-  options: object = ()        # the method's option set (or (key, value) pairs)
+  options: Any = NoOptions()  # the method's option set (jsfl.options.option_set)
 
   @property
   def num_classes(self) -> int:
@@ -38,3 +52,10 @@ class Setup:
 
   def replace(self, **kw) -> Setup:
     return dataclasses.replace(self, **kw)
+
+  def static(self) -> Setup:
+    """This setup without its batchable values (None): what a program of
+    several slots closes over."""
+    batchable = {k: None for k, o in options_of(type(self.options)).items() if o.batchable}
+    return self.replace(lr=None, lr_decay=None, lr_min=None,
+                        options=dataclasses.replace(self.options, **batchable))

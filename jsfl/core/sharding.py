@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 AXES = ("seeds", "clients")
 
-_ACTIVE: list[Mesh] = []
+_ACTIVE: list[Mesh | None] = []
 
 
 def parse_mesh_spec(spec: str) -> dict[str, int] | None:

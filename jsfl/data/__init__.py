@@ -110,7 +110,8 @@ class Dataset:
   @property
   def input_shape(self) -> tuple[int, int, int]:
     """``(H, W, C)`` of one image."""
-    return tuple(int(d) for d in self.x_train.shape[1:])
+    h, w, c = (int(d) for d in self.x_train.shape[1:])
+    return h, w, c
 
 
 def channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -241,8 +242,8 @@ def load_dataset(name: str, *, data_dir=None, cache_dir=None,
 
 def _is_count(n) -> bool:
   # bool is an int subclass, but True as a sample count is a config mistake.
-  return (isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_))
-          and n >= 1)
+  return bool(isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_))
+              and n >= 1)
 
 
 def _train_subset(arrays: dict, n) -> dict:
@@ -257,7 +258,7 @@ def _train_subset(arrays: dict, n) -> dict:
   quota = np.floor(counts * n / y.shape[0]).astype(int)
   rest = n - quota.sum()  # largest remainders get the leftover samples
   quota[np.argsort(-(counts * n / y.shape[0] - quota), kind="stable")[:rest]] += 1
-  keep = np.concatenate([perm[y[perm] == l][:q] for l, q in zip(labels, quota)])
+  keep = np.concatenate([perm[y[perm] == lab][:q] for lab, q in zip(labels, quota, strict=True)])
   keep = np.sort(keep)
   out = dict(arrays)
   out["x_train"] = np.asarray(arrays["x_train"])[keep]

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import urllib.request
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ DOWNLOAD_TIMEOUT_S = 20.0
 """Per-socket-operation timeout; short so that offline machines fail fast."""
 
 # The IDX element type codes of LeCun's format; data are big-endian.
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"),
+_IDX_DTYPES: dict[int, Any] = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"),
                0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"),
                0x0E: np.dtype(">f8")}
 

@@ -18,7 +18,8 @@ def label_rank(key, num_classes: int):
 
 def processing_orders(order: str, key, num_steps: int, clients, dominant,
                       rank):
-  """Server processing order of every batch step of a round (SPEC 1.2).
+  """Server processing order of every batch step of a round
+  (docs/methods-splitfed.md#processing-order, the ``steps`` rule).
 
   Args:
     order: one of ``ORDERS``.

@@ -40,8 +40,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.core import batching
 from jsfl.core.clients import map_clients
+from jsfl.core.data import gather
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.method import portion_bytes
 from jsfl.core.optim import with_lr
@@ -87,7 +87,7 @@ def zero_aux(p, batch: Batch, client: Client):
   return jnp.zeros((), jnp.float32)
 
 
-def client_loss(setup: Setup, params, stats, x, y, mask, aux, client: Client, idx):
+def client_loss(setup: Setup, params, stats, x, y, mask, aux, client: Client | None, idx):
   """Cross-entropy plus the method's term on one batch, training mode.
 
   Args:
@@ -118,7 +118,7 @@ def local_step(setup: Setup, tx, data, params, stats, opt_state, idx, mask,
     ``(params, stats, opt_state, sums)`` with ``sums = [ce, extra] * valid``
     (loss sums over the batch's valid samples).
   """
-  x, y = batching.gather(data, idx)
+  x, y = gather(data, idx)
   active = jnp.any(mask)
   (_, (new_stats, ce, extra)), grads = jax.value_and_grad(
       lambda p: client_loss(setup, p, stats, x, y, mask, aux, client, idx),
@@ -135,7 +135,7 @@ def train_client(setup: Setup, plan, data, params, stats, idx, mask,
   A step whose batch is empty is skipped with ``lax.cond``: where clients
   and seeds run as rolled maps (the CPU setting) the padded steps of small
   clients cost nothing; under vmap the cond becomes a select with the same
-  values.  The optimiser state is fresh (SPEC 1.3).
+  values.  The optimiser state is fresh (docs/setting.md#optimisation).
 
   Args:
     setup: static run description.
@@ -154,7 +154,7 @@ def train_client(setup: Setup, plan, data, params, stats, idx, mask,
 
   def run(carry, i, m):
     p, s, o = carry
-    x, y = batching.gather(data, i)
+    x, y = gather(data, i)
     (_, (ns, ce, extra)), g = jax.value_and_grad(
         lambda q: client_loss(setup, q, s, x, y, m, aux, client, i), has_aux=True)(p)
     updates, o = plan.tx.update(g, o, p)
@@ -248,7 +248,7 @@ def parallel_round(setup: Setup, state: State, data, key, *, aux=zero_aux,
   Args:
     setup: static run description.
     state: :class:`State`.
-    data: device data (see ``jsfl.methods.base``).
+    data: the round's ``RoundData``.
     key: this round's PRNG key.
     aux: loss term ``aux(p, batch, client)``.
     ctx_fn: ``ctx_fn(plan, state)`` -> per-client context (leading client

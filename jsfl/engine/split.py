@@ -1,32 +1,40 @@
 """The split round: one engine for every split-learning method.
 
 A round of split learning has the same skeleton in every method of the
-family: the round's participants and batches are drawn (``plan_round``);
-then, per batch step, every participant's client portion (part-1) runs
-forward in one program, the server turns the cut-layer activations into
-activation gradients, and every participant runs part-1 backward and steps
-its optimiser; at the end the trained client portions are aggregated.  What
-differs between methods is a handful of hooks:
+family: the round's participants and batches are drawn; then, segment by
+segment of the server's schedule (:mod:`jsfl.engine.schedule`), every
+participant of the segment runs its client portion (part-1) forward, the
+server turns the cut-layer activations into activation gradients, and every
+participant runs part-1 backward and steps its optimiser; at the end the
+trained client portions are aggregated.  A method is a
+:class:`SplitAlgorithm`: the same skeleton with its hooks filled in
+(``docs/extending.md`` walks through them):
 
-* the **server rule** ``serve(server, acts, y, mask, order) -> (server,
-  g_acts, loss_sum)``: one sequential server portion (:func:`sequential`,
-  SFL), a merged batch (:func:`merged`, MergeSFL), a server copy per client
-  (:func:`parallel`, SplitFedV1/V3); its ``server`` carry is any pytree
-  (SFL's part-2, Hydra's part-2a and stacked heads, ...);
-* the **server loss** (:func:`server_update`'s ``loss``: cross-entropy by
-  default, FedNTD's distillation loss, label smoothing, ...);
-* the clients' **start** portions (broadcast global part-1 by default;
-  FedMut's mutated copies, SplitFedV3's own per-client copies);
-* the **aggregation** of the trained client portions (sample-weighted mean
-  by default; FedExp's extrapolation; none for per-client portions).
+* ``server_init(plan)``: the server carry at the round's start, any pytree
+  (SFL's part-2, Hydra's part-2a and stacked heads, a part-2 per client);
+* ``server_rule(plan, step)``: how a segment's activations become gradients:
+  a :class:`SequentialServer` (one carry, participant after participant:
+  SFL, Hydra), a :class:`MergedServer` (one update on the concatenated
+  batch: MergeSFL) or a :class:`PerClientServer` (a carry per participant,
+  each participant's whole step in one piece: SplitFedV1/V3, MultiSFL's
+  branches);
+* ``client_init(plan)``: the participants' starting client portions
+  (default: the global part-1 broadcast, fresh optimiser states);
+* ``client_final(clients, plan)``: the trained client portions to the next
+  global part-1 (default: sample-weighted mean; None keeps them apart);
+* ``plan(setup, data, key, round)``: the round's random decisions (default
+  :func:`jsfl.core.plan.plan_round`).
 
-Every optimiser step is gated on the batch mask through :class:`Portion`, so
-a participant without data at a step (or a server serving an empty batch)
-leaves parameters, BatchNorm statistics and optimiser state untouched.
+The server loss is the :func:`server_update` argument of a rule
+(cross-entropy by default).  Every optimiser step is gated on the batch mask
+through :class:`~jsfl.core.portion.Portion`, so a participant without data at
+a step (or a server serving an empty batch) leaves parameters, BatchNorm
+statistics and optimiser state untouched.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -34,10 +42,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsfl.core import batching
 from jsfl.core.clients import map_clients
+from jsfl.core.data import gather
 from jsfl.core.loss import masked_cross_entropy
-from jsfl.core.plan import plan_round, round_metrics
+from jsfl.core.plan import RoundPlan, plan_round, round_metrics
 from jsfl.core.portion import Portion, fresh_stack
 from jsfl.core.trees import broadcast, weighted_mean
 from jsfl.engine import schedule
@@ -92,174 +100,79 @@ def server_update(setup, tx, server: Portion, act, y, mask, loss=cross_entropy):
 
 
 # -------------------------------------------------------------- server rules
-def skip_idle(one: Callable) -> Callable:
-  """``one`` run only when its batch mask has a sample (``lax.cond``).
+class SequentialServer(NamedTuple):
+  """One server carry updated participant after participant in the
+  segment's serving order.
 
-  A server step on an empty batch changes nothing, so the idle side returns
-  the carry, a zero activation gradient and a zero loss.  Where the cond is
-  a real branch (a rolled scan, looped clients) the padded steps of small
-  clients cost nothing; under vmap it is a select with the same values.
+  ``step(server, act, y, mask, k) -> (server, g_act, loss_sum)`` serves
+  participant ``k``; it is skipped (``lax.cond``) for a participant without
+  a batch in the segment.  ``unroll``: the serving scan's unroll factor.
   """
-  def run(srv, act, y, m, k):
-    idle = lambda: (srv, jnp.zeros_like(act), jnp.zeros((), jnp.float32))
-    return lax.cond(jnp.any(m), lambda: one(srv, act, y, m, k), idle)
-  return run
+
+  step: Callable
+  unroll: int = 1
 
 
-def sequential(one: Callable, unroll: int = 1) -> Callable:
-  """One server carry updated participant after participant in ``order``.
-
-  ``one(server, act, y, mask, k) -> (server, g_act, loss_sum)`` serves
-  participant ``k``; the activation gradients come back in participant order.
-  """
-  def serve(server, acts, y, mask, order):
-    def visit(srv, k):
-      srv, g_a, lsum = skip_idle(one)(srv, acts[k], y[k], mask[k], k)
-      return srv, (g_a, lsum)
-
-    server, (g_ordered, lsums) = lax.scan(visit, server, order, unroll=unroll)
-    return server, jnp.zeros_like(g_ordered).at[order].set(g_ordered), jnp.sum(lsums)
-  return serve
-
-
-def merged(one: Callable, per_client_mean: bool = False) -> Callable:
-  """The participants' batches as one server batch (one update a step).
+class MergedServer(NamedTuple):
+  """The segment's batches as one server batch: one
+  ``step(server, act, y, mask, None)`` on their concatenation.
 
   ``per_client_mean``: each participant gets the gradient of its own batch's
-  mean loss (the merged mean's gradient times ``merged samples / its
-  samples``), as the Hydra authors' MergeSFL sends it; else its share of the
-  merged mean's gradient.
-  """
-  def serve(server, acts, y, mask, order):
-    flat = lambda a: a.reshape((-1,) + a.shape[2:])
-    server, g, lsum = one(server, flat(acts), flat(y), flat(mask), None)
-    g = g.reshape(acts.shape)
-    if per_client_mean:
-      own = jnp.sum(mask, axis=1).astype(g.dtype)
-      scale = jnp.sum(own) / jnp.maximum(own, 1.0)
-      g = g * scale.reshape((-1,) + (1,) * (g.ndim - 1))
-    return server, g, lsum
-  return serve
-
-
-class PerParticipant(NamedTuple):
-  """A server rule with a server carry per participant (leading axis n),
-  served side by side (SplitFedV1/V3's part-2 copies, MultiSFL's branches).
-
-  The participants are independent within a step, so the split round runs
-  each one's whole step in one piece (:func:`participant_steps`): part-1
-  forward, ``one``, part-1 backward and both updates, and with looped
-  clients skips the piece outright for a participant without a batch.
-
-  ``one(server_k, act, y, mask, inputs_k) -> (server_k, g_act, loss_sum)``
-  serves participant k; ``inputs`` is a pytree with a leading participant
-  axis whose slices reach ``one`` (None: the participant's position).
-  ``client_grads(server_k, g1_k, active) -> server_k`` lets the server carry
-  see the participant's part-1 gradient (MultiSFL's gradient signal).
+  mean loss (the merged mean's gradient times merged samples / its samples,
+  as the Hydra authors' MergeSFL sends it); else its share of the merged
+  mean's gradient.
   """
 
-  one: Callable
+  step: Callable
+  per_client_mean: bool = False
+
+
+class PerClientServer(NamedTuple):
+  """A server carry per participant (leading axis n), served side by side.
+
+  The participants are independent within a segment, so each one's whole
+  step runs in one piece, mapped over the participants (``client_exec``);
+  with looped clients a participant without a batch skips its piece
+  outright.  ``piece(setup, tx, client, server_k, x, y, mask, inputs_k) ->
+  (client, server_k, loss_sum)``; ``inputs`` is a pytree with a leading
+  participant axis whose slices reach the piece (None: the participant's
+  position).  :func:`per_client` builds the usual piece from a server step.
+  """
+
+  piece: Callable
   inputs: Any = None
-  client_grads: Callable | None = None
 
 
-def parallel(one: Callable, inputs=None, client_grads: Callable | None = None
-             ) -> PerParticipant:
-  """A server carry per participant, served side by side (see
-  :class:`PerParticipant`)."""
-  return PerParticipant(one, inputs, client_grads)
+def client_forward(setup, client: Portion, x, mask):
+  """A participant's part-1 forward with its VJP: ``(act, vjp, new_stats)``."""
+  return jax.vjp(lambda p: setup.model.apply(p, client.stats, x, train=True, mask=mask),
+                 client.params, has_aux=True)
+
+
+def per_client(step: Callable, inputs=None) -> PerClientServer:
+  """A :class:`PerClientServer` whose piece is part-1 forward, ``step(server_k,
+  act, y, mask, inputs_k) -> (server_k, g_act, loss_sum)``, part-1 backward
+  and the gated client step."""
+  def piece(setup, tx, client: Portion, srv, x, y, mask, k):
+    act, vjp, ns = client_forward(setup, client, x, mask)
+    srv, g_a, lsum = step(srv, act, y, mask, k)
+    (g1,) = vjp(g_a)
+    return client.step(tx, g1, ns, jnp.any(mask)), srv, lsum
+  return PerClientServer(piece, inputs)
 
 
 # ---------------------------------------------------------------- the round
 class Step(NamedTuple):
-  """One batch step's inputs, for server rules that need more than the
-  activations (FedNTD's teacher sees the raw inputs; MultiSFL's replay reads
-  its per-step shares and the client portions)."""
+  """A segment's inputs, for server rules that need more than the
+  activations (FedNTD's teacher sees the raw inputs; MultiSFL reads its
+  replay shares at ``position``)."""
 
   x: jax.Array      # (n, B, ...) normalised inputs
   y: jax.Array      # (n, B) labels
   idx: jax.Array    # (n, B) sample indices
   mask: jax.Array   # (n, B)
-  extra: Any = None     # this step's slice of ``split_round``'s ``step_inputs``
-  clients: Any = None   # the client portions before the step (a Portion)
-
-
-def participant_steps(setup, tx, clients: Portion, server, step: Step,
-                      rule: PerParticipant):
-  """One batch step under a :class:`PerParticipant` rule: every participant's
-  forward, server update, backward and gated client step in one piece,
-  mapped over the participants (``client_exec``); with looped clients a
-  participant without a batch skips its piece (``lax.cond``), which is what
-  makes the padded steps of small Dirichlet clients free on the CPU.
-
-  Returns:
-    ``(clients, server, loss_sum)``.
-  """
-  n = step.mask.shape[0]
-  inputs = jnp.arange(n) if rule.inputs is None else rule.inputs
-
-  def piece(client: Portion, srv, x, y, m, k):
-    active = jnp.any(m)
-    act, vjp_fn, ns = jax.vjp(
-        lambda p: setup.model.apply(p, client.stats, x, train=True, mask=m),
-        client.params, has_aux=True)
-    srv, g_a, lsum = rule.one(srv, act, y, m, k)
-    (g1,) = vjp_fn(g_a)
-    if rule.client_grads is not None:
-      srv = rule.client_grads(srv, g1, active)
-    return client.step(tx, g1, ns, active), srv, lsum
-
-  def piece_or_idle(client, srv, x, y, m, k):
-    if setup.client_exec == "vmap":
-      return piece(client, srv, x, y, m, k)
-    idle = lambda: (client, srv, jnp.zeros((), jnp.float32))
-    return lax.cond(jnp.any(m), lambda: piece(client, srv, x, y, m, k), idle)
-
-  clients, server, lsums = map_clients(piece_or_idle, setup.client_exec, clients, server,
-                                       step.x, step.y, step.mask, inputs)
-  return clients, server, jnp.sum(lsums)
-
-
-def batch_step(setup, tx, clients: Portion, server, step: Step, order, serve):
-  """One batch step: part-1 forward of all clients, the server rule, part-1
-  backward and a gated step of every client that had a batch
-  (:func:`participant_steps` for a :class:`PerParticipant` rule).
-
-  Returns:
-    ``(clients, server, loss_sum)``.
-  """
-  if isinstance(serve, PerParticipant):
-    return participant_steps(setup, tx, clients, server, step, serve)
-  has = jnp.any(step.mask, axis=1)
-
-  def part1(pp, s, xx, m):
-    run = lambda: setup.model.apply(pp, s, xx, train=True, mask=m)
-    if setup.client_exec == "vmap":
-      return run()
-    # Looped clients: a client without a batch skips its forward (and so its
-    # backward); its output is discarded by the gated step.
-    act = jax.eval_shape(run)[0]
-    return lax.cond(jnp.any(m), run, lambda: (jnp.zeros(act.shape, act.dtype), s))
-
-  forward = lambda p: map_clients(part1, setup.client_exec, p, clients.stats, step.x,
-                                  step.mask)
-  acts, vjp_fn, new_stats = jax.vjp(forward, clients.params, has_aux=True)
-  server, g_acts, lsum = serve(server, acts, step.y, step.mask, order)
-  (g1,) = vjp_fn(g_acts)
-  clients = jax.vmap(lambda c, g, s, a: c.step(tx, g, s, a))(clients, g1, new_stats, has)
-  return clients, server, lsum
-
-
-class SplitRound(NamedTuple):
-  """A split round's outcome, before the method writes its next state."""
-
-  plan: Any              # RoundPlan
-  orders: jax.Array      # (S, n) processing order of every segment (schedule.py)
-  clients: Portion       # (n, ...) trained client portions
-  part1: Any             # aggregated part-1 params (None: not aggregated)
-  part1_stats: Any
-  server: Any            # the server carry after the round
-  loss_sums: jax.Array   # (S,)
+  position: jax.Array  # the segment's place in the schedule (a batch step
+                       # with label_rank=None)
 
 
 def sample_weighted(clients: Portion, plan):
@@ -274,66 +187,71 @@ def uniform(clients: Portion, plan):
   return weighted_mean(clients.params, w), weighted_mean(clients.stats, w)
 
 
-def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
-                starts: Callable | None = None,
-                aggregate: Callable | None = sample_weighted,
-                label_rank=None, plan=None, step_inputs=None,
-                copies: int = 1) -> SplitRound:
+@dataclasses.dataclass(frozen=True)
+class SplitAlgorithm:
+  """A split method's round: the shared skeleton's hooks (module docstring).
+
+  ``copies``: part-1 copies per participant, used round robin over its
+  batches (its j-th batch of the round trains copy ``j mod copies``; all
+  start from the same portion); ``SplitRound.clients`` then has a copy axis
+  after the participant axis (MergeSFL in the Hydra authors' code).
+  """
+
+  server_init: Callable[[RoundPlan], Any]
+  server_rule: Callable[[RoundPlan, Step], SequentialServer | MergedServer | PerClientServer]
+  client_init: Callable[[RoundPlan], Portion] | None = None
+  client_final: Callable[[Portion, RoundPlan], Any] | None = sample_weighted
+  plan: Callable = plan_round
+  copies: int = 1
+
+
+class SplitRound(NamedTuple):
+  """A split round's outcome, before the method writes its next state."""
+
+  plan: RoundPlan
+  orders: jax.Array      # (S, n) serving order of every segment (schedule.py)
+  clients: Portion       # (n, ...) trained client portions
+  part1: Any             # aggregated part-1 params (None: not aggregated)
+  part1_stats: Any
+  server: Any            # the server carry after the round
+  loss_sums: jax.Array   # (S,)
+
+
+def run_round(alg: SplitAlgorithm, setup, state, data, key, *, label_rank=None,
+              round_idx=None) -> SplitRound:
   """One round of a split method.
 
   Args:
-    setup: static run description.
-    state: the method's state; ``round`` is read, and ``part1`` /
-      ``part1_stats`` when ``starts`` is None.
-    data: device data.
+    alg: the method's hooks.
+    setup: the run's setup.
+    state: the method's state; ``round`` is read (unless ``round_idx``), and
+      ``part1`` / ``part1_stats`` when ``alg.client_init`` is None.
+    data: the round's :class:`~jsfl.core.data.RoundData`.
     key: the round's PRNG key.
-    server: ``plan -> server carry`` at the start of the round.
-    serve: ``(plan, step) -> server rule`` of a batch step: from
-      :func:`sequential` or :func:`merged`, or any function of their
-      signature ``(server, acts, y, mask, order) -> (server, g_acts,
-      loss_sum)``; or a :class:`PerParticipant` from :func:`parallel`.
-    starts: ``plan -> Portion`` of the participants' starting client
-      portions (leading axis n); None broadcasts the global part-1 with
-      fresh optimiser states.
-    aggregate: ``(clients, plan) -> (part1, part1_stats)``; None leaves the
-      trained portions unaggregated (``SplitRound.clients`` holds them).
     label_rank: the run's label cycle: the server's schedule follows
-      ``setup.order`` under ``setup.order_rule`` (:mod:`jsfl.engine.schedule`);
-      None serves participants batch step by batch step in ascending id
-      order (servers that are not sequential).
-    plan: the round's ``RoundPlan`` when the method draws it itself
-      (MultiSFL assigns participants to branches); None draws it from
-      ``key``.
-    copies: part-1 copies per participant, used round robin over its
-      batches (its j-th batch of the round trains copy ``j mod copies``; all
-      start from the same portion); ``SplitRound.clients`` then has a copy
-      axis after the participant axis (MergeSFL in the Hydra authors' code).
-    step_inputs: a pytree with a leading batch-step axis; each step's slice
-      reaches the server rule as ``Step.extra`` (MultiSFL's replay shares;
-      only with ``label_rank=None``, where segments are batch steps).
+      ``setup.order`` under ``setup.order_rule``; None serves participants
+      batch step by batch step in ascending id order (servers that are not
+      sequential).
+    round_idx: the round's index when the state holds none under ``round``.
 
   Returns:
     :class:`SplitRound`.
   """
-  if plan is None:
-    plan = plan_round(setup, data, key, state.round)
+  plan = alg.plan(setup, data, key, state.round if round_idx is None else round_idx)
   n, num_steps = setup.clients_per_round, plan.idx.shape[0]
   if label_rank is None:
     sched = schedule.steps(jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32),
                                             (num_steps, n)))
   else:
-    if step_inputs is not None:
-      raise ValueError("step_inputs need the batch-step schedule (label_rank=None)")
     sched = schedule.round_schedule(setup, plan.order_key, plan.mask, plan.clients,
-                                    data["dominant"], label_rank)
-  if starts is None:
-    clients = fresh_stack(plan, broadcast(state.part1, n),
-                          broadcast(state.part1_stats, n))
+                                    data.dominant, label_rank)
+  if alg.client_init is None:
+    clients = fresh_stack(plan, broadcast(state.part1, n), broadcast(state.part1_stats, n))
   else:
-    clients = starts(plan)
-
+    clients = alg.client_init(plan)
   who = jnp.arange(n)
   has = jnp.any(plan.mask, axis=2)  # (T, n)
+  copies = alg.copies
   if copies > 1:
     clients = jax.tree.map(
         lambda a: jnp.broadcast_to(a[:, None], (n, copies) + a.shape[1:]), clients)
@@ -342,28 +260,116 @@ def split_round(setup, state, data, key, *, server: Callable, serve: Callable,
   else:
     copy = jnp.zeros_like(sched.src)
 
-  def one_step(carry, segment):
-    src, order, k, extra = segment
+  def one_segment(carry, segment):
+    position, src, order, k = segment
     idx = plan.idx[jnp.maximum(src, 0), who]
     mask = plan.mask[jnp.maximum(src, 0), who] & (src >= 0)[:, None]
-    x, y = batching.gather(data, idx)
+    x, y = gather(data, idx)
     stack, srv = carry
     current = stack if copies == 1 else jax.tree.map(lambda a: a[who, k], stack)
-    step = Step(x, y, idx, mask, extra, current)
-    current, srv, lsum = batch_step(setup, plan.tx, current, srv, step, order,
-                                    serve(plan, step))
+    step = Step(x, y, idx, mask, position)
+    current, srv, lsum = segment_step(setup, plan.tx, current, srv, step, order,
+                                      alg.server_rule(plan, step))
     if copies > 1:
       current = jax.tree.map(lambda a, v: a.at[who, k].set(v), stack, current)
     return (current, srv), lsum
 
   live = jnp.any(has[jnp.maximum(sched.src, 0), who] & (sched.src >= 0), axis=1)
+  indices = jnp.arange(sched.src.shape[0], dtype=jnp.int32)
   (clients, srv), lsums = scan_live(
-      one_step, (clients, server(plan)), (sched.src, sched.order, copy, step_inputs), live)
-  part1, stats1 = aggregate(clients, plan) if aggregate else (None, None)
+      one_segment, (clients, alg.server_init(plan)),
+      (indices, sched.src, sched.order, copy), live)
+  part1, stats1 = alg.client_final(clients, plan) if alg.client_final else (None, None)
   return SplitRound(plan, sched.order, clients, part1, stats1, srv, lsums)
+
+
+def segment_step(setup, tx, clients: Portion, server, step: Step, order, rule):
+  """One segment: the participants' part-1 forward, the server rule, part-1
+  backward and a gated step of every participant that had a batch (for a
+  :class:`PerClientServer`, each participant's piece).
+
+  Returns:
+    ``(clients, server, loss_sum)``.
+  """
+  if isinstance(rule, PerClientServer):
+    return per_client_segment(setup, tx, clients, server, step, rule)
+  has = jnp.any(step.mask, axis=1)
+
+  def part1(pp, s, xx, m):
+    run = lambda: setup.model.apply(pp, s, xx, train=True, mask=m)
+    if setup.client_exec == "vmap":
+      return run()
+    # Looped clients: a client without a batch skips its forward (and so its
+    # backward); its output is discarded by the gated step.
+    act = jax.eval_shape(run)[0]
+    return lax.cond(jnp.any(m), run, lambda: (jnp.zeros(act.shape, act.dtype), s))
+
+  forward = lambda p: map_clients(part1, setup.client_exec, p, clients.stats, step.x,
+                                  step.mask)
+  acts, vjp_fn, new_stats = jax.vjp(forward, clients.params, has_aux=True)
+  if isinstance(rule, SequentialServer):
+    server, g_acts, lsum = serve_in_order(rule, server, acts, step.y, step.mask, order)
+  elif isinstance(rule, MergedServer):
+    server, g_acts, lsum = serve_merged(rule, server, acts, step.y, step.mask)
+  else:
+    raise TypeError(f"server rule {type(rule).__name__}; allowed: SequentialServer, "
+                    "MergedServer, PerClientServer")
+  (g1,) = vjp_fn(g_acts)
+  clients = jax.vmap(lambda c, g, s, a: c.step(tx, g, s, a))(clients, g1, new_stats, has)
+  return clients, server, lsum
+
+
+def serve_in_order(rule: SequentialServer, server, acts, y, mask, order):
+  """A :class:`SequentialServer` over a segment: the carry visits the
+  participants in ``order``, skipping those without a batch; the activation
+  gradients come back in participant order."""
+  def visit(srv, k):
+    idle = lambda: (srv, jnp.zeros_like(acts[k]), jnp.zeros((), jnp.float32))
+    srv, g_a, lsum = lax.cond(jnp.any(mask[k]),
+                              lambda: rule.step(srv, acts[k], y[k], mask[k], k), idle)
+    return srv, (g_a, lsum)
+
+  server, (g_ordered, lsums) = lax.scan(visit, server, order, unroll=rule.unroll)
+  return server, jnp.zeros_like(g_ordered).at[order].set(g_ordered), jnp.sum(lsums)
+
+
+def serve_merged(rule: MergedServer, server, acts, y, mask):
+  """A :class:`MergedServer` over a segment."""
+  flat = lambda a: a.reshape((-1,) + a.shape[2:])
+  server, g, lsum = rule.step(server, flat(acts), flat(y), flat(mask), None)
+  g = g.reshape(acts.shape)
+  if rule.per_client_mean:
+    own = jnp.sum(mask, axis=1).astype(g.dtype)
+    scale = jnp.sum(own) / jnp.maximum(own, 1.0)
+    g = g * scale.reshape((-1,) + (1,) * (g.ndim - 1))
+  return server, g, lsum
+
+
+def per_client_segment(setup, tx, clients: Portion, server, step: Step,
+                       rule: PerClientServer):
+  """A segment under a :class:`PerClientServer`: every participant's piece,
+  mapped over the participants (``client_exec``); with looped clients a
+  participant without a batch skips its piece (``lax.cond``), which makes the
+  padded steps of small Dirichlet clients free on the CPU.
+
+  Returns:
+    ``(clients, server, loss_sum)``.
+  """
+  n = step.mask.shape[0]
+  inputs = jnp.arange(n) if rule.inputs is None else rule.inputs
+
+  def piece_or_idle(client, srv, x, y, m, k):
+    run = lambda: rule.piece(setup, tx, client, srv, x, y, m, k)
+    if setup.client_exec == "vmap":
+      return run()
+    return lax.cond(jnp.any(m), run, lambda: (client, srv, jnp.zeros((), jnp.float32)))
+
+  clients, server, lsums = map_clients(piece_or_idle, setup.client_exec, clients, server,
+                                       step.x, step.y, step.mask, inputs)
+  return clients, server, jnp.sum(lsums)
 
 
 def metrics(out: SplitRound) -> dict:
   """The split family's metrics: mean loss, samples, and the participants in
-  the first batch step's processing order."""
+  the first segment's serving order."""
   return round_metrics(out.plan, out.loss_sums, out.plan.clients[out.orders[0]])

@@ -1,7 +1,7 @@
 """CWC, cyclical weight consolidation: Song et al., "Cyclical Weight
 Consolidation: Towards Solving Catastrophic Forgetting in Serial Federated
 Learning" (2024); the SFL baseline of SFedKD (Table 1).  Reconstructed as in
-SPEC 5.
+docs/methods-sequential.md.
 
 FedSeq (``jsfl.methods.fedseq``) with an EWC-style penalty: client m of the
 sequence minimises
@@ -13,9 +13,9 @@ consolidation (importance) matrix that accumulates along the client
 sequence: after client m trains, its diagonal Fisher at its trained model on
 its data (``jsfl.methods.fedcurv.diag_fisher``, one epoch) is added to C.  At
 every round start C is multiplied by ``sigma`` so old clients' importance
-decays cyclically.  Defaults lambda = 1.0, sigma = 0.5 (SPEC 5).
+decays cyclically.  Defaults lambda = 1.0, sigma = 0.5 (docs/methods-sequential.md).
 
-Departures: SPEC 5 fixes neither the Fisher estimator nor its data; the
+Departures: docs/methods-sequential.md fixes neither the Fisher estimator nor its data; the
 default is squared mini-batch gradients over one epoch of the client's
 batches, eval-mode forward (``fisher = "sample"`` gives the per-sample
 empirical Fisher).  The logged ``reg_loss`` is the mean penalty.
@@ -27,12 +27,25 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jsfl.core.data import round_options
 from jsfl.core.method import Method, label_rank_of
 from jsfl.core.plan import plan_round
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel
 from jsfl.methods import fedcurv, fedseq
-from jsfl.methods.registry import CWCOptions
+from jsfl.methods.fedcurv import FISHER_MODES
+from jsfl.options import option, option_set
+
+
+# lam < 0 would reward moving away from the consolidated weights; sigma > 1
+# would grow old importance every round instead of decaying it.
+@option_set
+class CWCOptions:
+  lam: float = option(1.0, "consolidation penalty coefficient lambda (0 = FedSeq)",
+                      range="[0, inf)", batchable=True)
+  sigma: float = option(0.5, "decay of the importance matrix at each round start "
+                        "(0 = forget, 1 = keep)", range="[0, 1]", batchable=True)
+  fisher: str = option("batch", "diagonal Fisher estimator", choices=FISHER_MODES)
 
 
 @struct.dataclass
@@ -58,7 +71,7 @@ def consolidation_penalty(params, anchor, importance, lam):
 
 def round(setup: Setup, state: State, data, key):
   """One CWC round (FedSeq's contract; metrics add ``reg_loss``)."""
-  o = CWCOptions.of(setup)
+  o = round_options(setup, data)
   lam, sigma, mode = o.lam, o.sigma, o.fisher
   plan = plan_round(setup, data, key, state.round)
   seq = fedseq.sequence_order(setup, plan, data, state.label_rank)
@@ -89,4 +102,5 @@ def communication(setup: Setup, samples: int):
   return b, b
 
 
-METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of,
+                options=CWCOptions)

@@ -1,5 +1,5 @@
 """FedAvg: McMahan et al., "Communication-Efficient Learning of Deep Networks
-from Decentralized Data", AISTATS 2017 (SPEC 2, "FL / FedAvg").
+from Decentralized Data", AISTATS 2017 (docs/methods-splitfed.md, "FL / FedAvg").
 
 Each participating client trains the whole model for ``local_epochs`` epochs
 from the global model; the server takes the sample-weighted mean.  This is

@@ -1,5 +1,5 @@
 """FedCurv: Shoham et al., "Overcoming Forgetting in Federated Learning on
-Non-IID Data", NeurIPS 2019 workshop (SPEC 5); a parallel baseline of SFedKD.
+Non-IID Data", NeurIPS 2019 workshop (docs/methods-sequential.md); a parallel baseline of SFedKD.
 
 FedAvg whose client s minimises
 
@@ -22,7 +22,7 @@ client's data at a model over one epoch of its batches, eval-mode forward:
 * ``fisher = "sample"``: the empirical Fisher, mean over samples of squared
   per-sample gradients (vmapped; a few times dearer).
 
-Departures: SPEC 5 leaves lambda open; the default lambda = 1.0 is not
+Departures: docs/methods-sequential.md leaves lambda open; the default lambda = 1.0 is not
 tuned.  The penalty carries no 1/2 (FedCurv's Eq. 6, unlike EWC's).
 """
 
@@ -32,16 +32,27 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jsfl.core import batching
 from jsfl.core.clients import map_clients
+from jsfl.core.data import gather, round_options
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.method import Method
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast
 from jsfl.engine import parallel
-from jsfl.methods.registry import FISHER_MODES, FedCurvOptions
+from jsfl.options import option, option_set
 
 State = parallel.State
+
+
+FISHER_MODES = ("batch", "sample")
+
+
+# lam < 0 would reward moving away from the other clients' important weights.
+@option_set
+class FedCurvOptions:
+  lam: float = option(1.0, "FedCurv penalty coefficient lambda (0 = FedAvg)",
+                      range="[0, inf)", batchable=True)
+  fisher: str = option("batch", "diagonal Fisher estimator", choices=FISHER_MODES)
 
 
 # ----------------------------------------------------------------- Fisher
@@ -72,7 +83,7 @@ def diag_fisher(setup: Setup, data, params, stats, idx, mask, mode: str = "batch
     return masked_cross_entropy(logits, y, m)
 
   def batch_fisher(i, m):
-    x, y = batching.gather(data, i)
+    x, y = gather(data, i)
     if mode == "batch":
       g = jax.grad(ce)(params, x, y, m)
       return jax.tree.map(jnp.square, g), jnp.ones((), jnp.float32)
@@ -135,7 +146,7 @@ def curv_penalty(params, u, v, w, lam):
 
 def round(setup: Setup, state: State, data, key):
   """One FedCurv round (see ``parallel.parallel_round`` for the contract)."""
-  o = FedCurvOptions.of(setup)
+  o = round_options(setup, data)
   lam, mode = o.lam, o.fisher
 
   def ctx_fn(plan, st):
@@ -168,4 +179,5 @@ def communication(setup: Setup, samples: int):
   return b, b
 
 
-METHOD = Method(init, round, output_model, communication)
+METHOD = Method(init, round, output_model, communication,
+                options=FedCurvOptions)

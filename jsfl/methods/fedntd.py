@@ -1,17 +1,17 @@
 """FedNTD: Lee et al., "Preservation of the Global Knowledge by Not-True
-Distillation in Federated Learning", NeurIPS 2022 (SPEC 5); a parallel
+Distillation in Federated Learning", NeurIPS 2022 (docs/methods-sequential.md); a parallel
 baseline of SFedKD (Table 1).
 
 Clients minimise ``CE + beta * tau^2 * KL(q~_global || q~_local)`` where
 ``q~`` is the softmax at temperature tau over the not-true classes (the
 sample's label removed) and the global model is the round's frozen starting
-model in eval mode.  Defaults beta = 1, tau = 1 (SPEC 5).
+model in eval mode.  Defaults beta = 1, tau = 1 (docs/methods-sequential.md).
 
 :func:`ntd_loss` is a pure function of two logit arrays, so the split (SFL)
 form of FedNTD, where the logits come out of the server portion, reuses it
 unchanged.
 
-Departure from SPEC 5: the ``tau^2`` factor of the authors' code is kept
+Departure from docs/methods-sequential.md: the ``tau^2`` factor of the authors' code is kept
 (it is 1 at the default tau = 1).
 """
 
@@ -20,14 +20,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jsfl.core.data import round_options
 from jsfl.core.method import Method
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel
-from jsfl.methods.registry import FedNTDOptions
+from jsfl.options import option, option_set
 
 State = parallel.State
 
 _NEG = -1e9  # a finite "minus infinity": keeps 0 * log 0 terms free of NaN
+
+
+# beta < 0 would push the local model away from the global one; tau divides
+# the logits (tau = 0 is a division by zero).
+@option_set
+class FedNTDOptions:
+  beta: float = option(1.0, "weight of the not-true distillation term (0 = FedAvg)",
+                       range="[0, inf)", batchable=True)
+  tau: float = option(1.0, "distillation temperature", range="(0, inf)", batchable=True)
 
 
 def not_true_log_softmax(logits, labels, tau):
@@ -72,11 +82,9 @@ def init(setup: Setup, key) -> State:
   return parallel.init_state(setup, key)
 
 
-def make_aux(setup: Setup):
+def make_aux(setup: Setup, beta, tau):
   """FedNTD's loss term ``aux(p, batch, client)`` (``parallel`` contract):
   the global model is ``client.start`` run in eval mode on the batch."""
-  o = FedNTDOptions.of(setup)
-  beta, tau = o.beta, o.tau
 
   def aux(p, batch, client):
     g = setup.model.apply(client.start, client.start_stats, batch.x, train=False)[0]
@@ -87,7 +95,8 @@ def make_aux(setup: Setup):
 
 def round(setup: Setup, state: State, data, key):
   """One FedNTD round (see ``parallel.parallel_round`` for the contract)."""
-  return parallel.parallel_round(setup, state, data, key, aux=make_aux(setup))
+  o = round_options(setup, data)
+  return parallel.parallel_round(setup, state, data, key, aux=make_aux(setup, o.beta, o.tau))
 
 
 def output_model(setup: Setup, state: State):
@@ -97,4 +106,5 @@ def output_model(setup: Setup, state: State):
 communication = parallel.communication
 
 
-METHOD = Method(init, round, output_model, communication)
+METHOD = Method(init, round, output_model, communication,
+                options=FedNTDOptions)

@@ -1,10 +1,10 @@
 """FedProx: Li et al., "Federated Optimization in Heterogeneous Networks",
-MLSys 2020 (SPEC 5); a parallel baseline of SFedKD (Table 1).
+MLSys 2020 (docs/methods-sequential.md); a parallel baseline of SFedKD (Table 1).
 
 FedAvg whose clients minimise ``CE + mu/2 ||w - w_global||^2`` (mu = 0.01 by
 default), through the shared parallel round (``jsfl.engine.parallel``).
 
-Departures: none from SPEC 5.  FedProx's variable local work (inexact
+Departures: none from docs/methods-sequential.md.  FedProx's variable local work (inexact
 solvers, straggler epochs) is not modelled: every client runs
 ``local_epochs`` epochs, as in SFedKD's comparison.
 """
@@ -14,12 +14,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jsfl.core.data import round_options
 from jsfl.core.method import Method
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel
-from jsfl.methods.registry import FedProxOptions
+from jsfl.options import option, option_set
 
 State = parallel.State
+
+
+# mu < 0 would reward drifting from the global model (the loss is unbounded
+# below); mu = 0 is FedAvg.
+@option_set
+class FedProxOptions:
+  mu: float = option(0.01, "proximal coefficient mu (0 = FedAvg)", range="[0, inf)",
+                     batchable=True)
 
 
 def prox_term(params, anchor, mu):
@@ -32,15 +41,15 @@ def init(setup: Setup, key) -> State:
   return parallel.init_state(setup, key)
 
 
-def make_aux(setup: Setup):
+def make_aux(mu):
   """FedProx's loss term ``aux(p, batch, client)`` (``parallel`` contract)."""
-  mu = FedProxOptions.of(setup).mu
   return lambda p, batch, client: prox_term(p, client.start, mu)
 
 
 def round(setup: Setup, state: State, data, key):
   """One FedProx round (see ``parallel.parallel_round`` for the contract)."""
-  return parallel.parallel_round(setup, state, data, key, aux=make_aux(setup))
+  mu = round_options(setup, data).mu
+  return parallel.parallel_round(setup, state, data, key, aux=make_aux(mu))
 
 
 def output_model(setup: Setup, state: State):
@@ -50,4 +59,5 @@ def output_model(setup: Setup, state: State):
 communication = parallel.communication
 
 
-METHOD = Method(init, round, output_model, communication)
+METHOD = Method(init, round, output_model, communication,
+                options=FedProxOptions)

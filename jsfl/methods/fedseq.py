@@ -1,7 +1,7 @@
 """FedSeq: sequential FL (Li & Lyu, "Sharper Convergence Guarantees for
 Federated Learning with Sequential Training", ICLR 2024), the SFL baseline of
 SFedKD (Xu et al., "SFedKD: Sequential Federated Learning with
-Discrepancy-Aware Multi-Teacher Knowledge Distillation", Sec. 3.1); SPEC 5.
+Discrepancy-Aware Multi-Teacher Knowledge Distillation", Sec. 3.1); docs/methods-sequential.md.
 
 Each round samples n clients without replacement and puts them in a sequence;
 client m starts from client m-1's model and runs ``local_epochs`` epochs of
@@ -22,10 +22,11 @@ per-client context, a carry threaded along the sequence and updated by
 Sequence order (``method.order``): ``random`` (default) a fresh random
 permutation of the participants every round; ``fixed`` ascending ids;
 ``cyclic`` / ``cyclic_reverse`` group clients by dominant label in the run's
-label cycle (SPEC 1.2; with one pass per round both are the same order).
+label cycle (docs/methods-splitfed.md#processing-order; with one pass per round
+both are the same order).
 
 Departures: the client optimiser state (momentum) is rebuilt for every
-client (each client is a separate party; SPEC 1.3).  The logged train loss is
+client (each client is a separate party; docs/setting.md#optimisation).  The logged train loss is
 the mean cross-entropy over all samples the sequence processed.
 """
 
@@ -62,7 +63,7 @@ def init(setup: Setup, key) -> State:
 def sequence_order(setup: Setup, plan, data, label_rank):
   """Positions into ``plan.clients`` in training order, ``(n,)`` int32."""
   return processing_orders(setup.order, plan.order_key, 1, plan.clients,
-                                  data["dominant"], label_rank)[0]
+                                  data.dominant, label_rank)[0]
 
 
 def sequential_round(setup: Setup, plan, data, params, stats, seq, *,
@@ -120,7 +121,7 @@ def round(setup: Setup, state: State, data, key):
   Args:
     setup: static run description.
     state: :class:`State`.
-    data: device data (see ``jsfl.methods.base``).
+    data: the round's ``RoundData``.
     key: this round's PRNG key.
 
   Returns:

@@ -1,7 +1,7 @@
 """Hydra: SFL with a shared part-2a and G aggregated heads.
 
 Paper: "Data Heterogeneity and Forgotten Labels in Split Federated Learning",
-AAAI 2026 (Sec. 4, Algorithm 2, Appendix A); SPEC 3.
+AAAI 2026 (Sec. 4, Algorithm 2, Appendix A); docs/methods-hydra.md.
 
 The model is split in three: part-1 at the clients (as in SFL), part-2a at
 the server, shared and updated sequentially in the round's processing order,
@@ -17,18 +17,20 @@ model is part-1 + part-2a + the averaged head.
 Departures and decisions:
 
 * The grouping is computed from the per-client label counts that every seed's
-  partition provides (``data["counts"]``) inside the round, as array ops; it
+  partition provides (``data.counts``) inside the round, as array ops; it
   is deterministic, so it is the same every round (the paper computes it once
   at the start).  ``artifacts`` writes it to ``groups.json``.
 * With partial participation a group may have no client in a round; its head
   then still equals last round's average and is included in the uniform mean
-  (SPEC 3 says "averaged uniformly").
+  (docs/methods-hydra.md says "averaged uniformly").
 * Each head keeps its own optimiser state across rounds, as part-2a does
-  (SPEC 1.3: only client optimiser state is rebuilt per round); with the
+  (docs/setting.md#optimisation: only client optimiser state is rebuilt per round); with the
   paper's plain SGD this has no effect.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +46,7 @@ from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, put_rows, take_rows
 from jsfl.engine import split
 from jsfl.engine.orders import label_rank
-from jsfl.methods.registry import HydraOptions
+from jsfl.options import option, option_set
 
 # Superclass tables: label -> group.  CIFAR-10 labels are airplane,
 # automobile, bird, cat, deer, dog, frog, horse, ship, truck (Hydra App. H).
@@ -66,6 +68,33 @@ SUPERCLASSES = {
     # clothing, footwear+bags
     ("fashion_mnist", 2): (0, 0, 0, 0, 0, 1, 0, 1, 1, 1),
 }
+
+
+# ------------------------------------------------------------------- Hydra
+SUPERCLASS_NAMES = ("authors", "consecutive", "cifar10", "fashion_mnist")
+
+
+GROUPINGS = ("table", "algorithm2")
+
+
+# Ranges hold the sentinels (groups 0, head_cut -1) and a generous upper
+# bound; Hydra's ``validate`` checks them against the model and the dataset.
+@option_set
+class HydraOptions:
+  groups: int = option(0, "number of heads G (0 = number of labels L)",
+                       range="[0, 1000000]")
+  head_cut: int = option(-1, "first stage of the heads (-1 = the model's default or the "
+                         "`head` preset)", range="[-1, 10000]")
+  head: str = option("", "named head length of the model (MobileNetV1: 'small' = last "
+                     "2 stages, 'large' = from stage 20)")
+  superclasses: str = option("authors", "label -> group table when G < L: authors = the "
+                             "authors' code's tables (G = 5 or 2, 10 labels), cifar10 = the "
+                             "paper's CIFAR-10 tables, fashion_mnist, consecutive (any L, G)",
+                             choices=SUPERCLASS_NAMES)
+  grouping: str = option("table", "which head a client trains: table = the head of its "
+                         "dominant label's group (the authors' code), algorithm2 = the "
+                         "paper's balanced assignment on the label counts",
+                         choices=GROUPINGS)
 
 
 def superclass_table(name: str, num_classes: int, groups: int) -> np.ndarray:
@@ -100,7 +129,7 @@ def superclass_table(name: str, num_classes: int, groups: int) -> np.ndarray:
 
 
 def group_clients(rho, table, groups: int):
-  """Hydra's grouping (SPEC 3, the corrected Algorithm 2) as array ops.
+  """Hydra's grouping (docs/methods-hydra.md, the corrected Algorithm 2) as array ops.
 
   Repeatedly, for g = 0..G-1, the unassigned client with the most samples of
   group g's labels joins group g (ties: lowest client id), until every client
@@ -140,13 +169,13 @@ def group_by_table(counts, table):
 
 
 def num_groups(setup: Setup) -> int:
-  return HydraOptions.of(setup).groups or setup.num_classes
+  return setup.options.groups or setup.num_classes
 
 
 def head_cut(setup: Setup) -> int:
   """The first head stage from ``head_cut`` / ``head`` / the model default."""
-  cut = HydraOptions.of(setup).head_cut
-  preset = HydraOptions.of(setup).head
+  cut = setup.options.head_cut
+  preset = setup.options.head
   presets = dict(setup.model.head_cuts)
   if cut != -1 and preset:
     raise ValueError(f"method.head_cut={cut} and method.head={preset!r}; "
@@ -163,14 +192,14 @@ def validate(setup: Setup) -> None:
   """Raises ValueError for an impossible head cut or grouping."""
   hc = head_cut(setup)
   setup.model.check_cut(hc, "method.head_cut", low=setup.cut + 1)
-  superclass_table(HydraOptions.of(setup).superclasses, setup.num_classes,
+  superclass_table(setup.options.superclasses, setup.num_classes,
                    num_groups(setup))
 
 
 def groups_of(setup: Setup, counts):
   """Every client's group from the ``(K, L)`` label counts, by the ``grouping``
   option."""
-  opts = HydraOptions.of(setup)
+  opts = setup.options
   table = superclass_table(opts.superclasses, setup.num_classes, num_groups(setup))
   if opts.grouping == "table":
     return group_by_table(counts, table)
@@ -253,7 +282,7 @@ def round(setup: Setup, state: State, data, key):
     was trained on this round.
   """
   G = num_groups(setup)
-  group_of = groups_of(setup, data["counts"])
+  group_of = groups_of(setup, data.counts)
 
   def server(plan):
     return (kept(state.part2a_opt, plan.lr, state.part2a, state.part2a_stats),
@@ -262,23 +291,23 @@ def round(setup: Setup, state: State, data, key):
 
   def serve(plan, step):
     groups = group_of[plan.clients]
-    return split.sequential(
+    return split.SequentialServer(
         lambda srv, act, y, mask, k: server_step(setup, plan.tx, srv, act, y, mask,
                                                  groups[k]),
         setup.server_unroll)
 
-  out = split.split_round(setup, state, data, key, server=server, serve=serve,
-                          label_rank=state.label_rank)
+  out = split.run_round(split.SplitAlgorithm(server, serve), setup, state, data, key,
+                        label_rank=state.label_rank)
   part2a, heads = out.server
   mean = lambda t: jax.tree.map(lambda a: jnp.broadcast_to(a.mean(0), a.shape), t)
   has = jnp.any(out.plan.mask, axis=2)  # (T, n)
   head_batches = jnp.zeros(G, jnp.int32).at[group_of[out.plan.clients]].add(
       has.sum(0).astype(jnp.int32))
-  new = state.replace(part1=out.part1, part1_stats=out.part1_stats,
-                      part2a=part2a.params, part2a_stats=part2a.stats,
-                      part2a_opt=part2a.opt, heads=mean(heads.params),
-                      heads_stats=mean(heads.stats), heads_opt=heads.opt,
-                      round=state.round + 1)
+  new = dataclasses.replace(state, part1=out.part1, part1_stats=out.part1_stats,
+                            part2a=part2a.params, part2a_stats=part2a.stats,
+                            part2a_opt=part2a.opt, heads=mean(heads.params),
+                            heads_stats=mean(heads.stats), heads_opt=heads.opt,
+                            round=state.round + 1)
   metrics = split.metrics(out)
   metrics["head_batches"] = head_batches
   return new, metrics
@@ -292,7 +321,7 @@ def output_model(setup: Setup, state: State):
 
 def artifacts(setup: Setup, partitions) -> dict:
   """``groups.json``: per seed, client -> group and each group's labels."""
-  table = superclass_table(HydraOptions.of(setup).superclasses,
+  table = superclass_table(setup.options.superclasses,
                            setup.num_classes, num_groups(setup))
   seeds = []
   for p in partitions:
@@ -305,8 +334,8 @@ def artifacts(setup: Setup, partitions) -> dict:
                    for g in range(num_groups(setup))]})
   return {"groups.json": {"num_groups": num_groups(setup),
                           "head_cut": head_cut(setup),
-                          "superclasses": HydraOptions.of(setup).superclasses,
-                          "grouping": HydraOptions.of(setup).grouping,
+                          "superclasses": setup.options.superclasses,
+                          "grouping": setup.options.grouping,
                           "label_group": table, "seeds": seeds}}
 
 
@@ -314,4 +343,5 @@ communication = split_communication
 
 
 METHOD = Method(init, round, output_model, communication, validate=validate,
-                artifacts=artifacts, label_rank=label_rank_of)
+                artifacts=artifacts, label_rank=label_rank_of,
+                options=HydraOptions)

@@ -1,6 +1,6 @@
 """MergeSFL: Liao et al., "MergeSFL: Split Federated Learning with Feature
 Merging and Batch Size Regulation", ICDE 2024, simplified as in Hydra's
-comparison (AAAI 2026, Sec. 5 / Table 3).  SPEC 2.
+comparison (AAAI 2026, Sec. 5 / Table 3).  docs/methods-splitfed.md.
 
 Every participant holds a copy of part-1 (trained in parallel); ONE server
 part-2.  The split round (``jsfl.engine.split``) with the merged server rule;
@@ -16,9 +16,9 @@ per batch step:
 
 At round end the part-1 copies are averaged sample-weighted.  The server
 optimiser state persists across rounds like SFL's, the clients' lives one
-round (SPEC 1.3).
+round (docs/setting.md#optimisation).
 
-Simplifications (Hydra's, stated by SPEC): no batch-size regulation (every
+Simplifications (Hydra's comparison, docs/methods-splitfed.md): no batch-size regulation (every
 client uses ``batch_size``) and no feature-merging client selection; the
 processing order plays no role.  A client receives the gradient of the
 merged mean loss w.r.t. its activations, as a PyTorch server calling
@@ -35,7 +35,7 @@ from jsfl.core.portion import Portion
 from jsfl.core.setup import Setup
 from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.registry import MergeSFLOptions
+from jsfl.options import option, option_set
 
 # SFL's state (label_rank unused: MergeSFL has no processing order) and
 # init, so a seed starts both methods from one model.
@@ -43,15 +43,31 @@ State = sfl.State
 init = sfl.init
 
 
+MERGE_GRADS = ("client_mean", "merged")
+
+
+@option_set
+class MergeSFLOptions:
+  grad_scale: str = option("client_mean", "cut-layer gradient a client gets back: "
+                           "client_mean = that of its own batch's mean loss (the authors' "
+                           "code: the merged gradient times K), merged = its share of the "
+                           "merged batch's mean loss", choices=MERGE_GRADS)
+  part1_copies: int = option(10, "part-1 copies per client, used round robin over its "
+                             "batches, only the last one averaged at round end (the "
+                             "authors' code, whose default is 10: with fewer than 10 "
+                             "batches a round that copy never trains); 1 = one part-1 "
+                             "per client", range="[1, 1000]")
+
+
 def serve(setup: Setup):
   """MergeSFL's server rule: one part-2 update on the merged batch."""
-  per_client = MergeSFLOptions.of(setup).grad_scale == "client_mean"
+  per_client = setup.options.grad_scale == "client_mean"
 
   def make(plan, step):
     def one(srv, act, y, mask, _):
       srv, g_a, lsum, _ = split.server_update(setup, plan.tx, srv, act, y, mask)
       return srv, g_a, lsum
-    return split.merged(one, per_client_mean=per_client)
+    return split.MergedServer(one, per_client)
   return make
 
 
@@ -67,18 +83,18 @@ def round(setup: Setup, state: State, data, key):
   Args:
     setup: static run description.
     state: see :class:`State`.
-    data: device data (see ``jsfl.methods.base``).
+    data: the round's ``RoundData``.
     key: this round's PRNG key.
 
   Returns:
     ``(state, metrics)`` with ``loss``, ``samples`` and ``clients``
     (participants, ascending).
   """
-  copies = MergeSFLOptions.of(setup).part1_copies
-  out = split.split_round(setup, state, data, key, server=sfl.server(state),
-                          serve=serve(setup), copies=copies,
-                          aggregate=last_copy_averaged if copies > 1 else
-                          split.sample_weighted)
+  copies = setup.options.part1_copies
+  alg = split.SplitAlgorithm(
+      server_init=sfl.server(state), server_rule=serve(setup), copies=copies,
+      client_final=last_copy_averaged if copies > 1 else split.sample_weighted)
+  out = split.run_round(alg, setup, state, data, key)
   return sfl.finish(state, out)
 
 
@@ -92,4 +108,5 @@ the activation and label up and its gradient down, as SFL
 (``split_communication``)."""
 
 
-METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of,
+                options=MergeSFLOptions)

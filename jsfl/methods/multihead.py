@@ -1,6 +1,6 @@
 """MultiHead FL: Chen et al., "Flexibility and Privacy: A Multi-Head Federated
 Continual Learning Framework for Dynamic Edge Environments", CANDAR 2023, as
-adapted by Hydra (AAAI 2026, Appendix B) for its comparison.  SPEC 2.
+adapted by Hydra (AAAI 2026, Appendix B) for its comparison.  docs/methods-splitfed.md.
 
 FL (each participant trains the whole model for ``local_epochs`` epochs, the
 parallel engine's local training, ``jsfl.engine.parallel.train_participants``)
@@ -15,17 +15,19 @@ Inference (:func:`predict`, Hydra Eq. 5): the body, then every client's
 head; per sample the logits of the head with the largest max-logit (ties: the
 lowest client id).
 
-Decisions SPEC leaves open:
+Decisions the paper leaves open:
 
 * ``head_cut`` (method option) defaults to the model's Hydra head cut
   (``model.default_head_cut``), the "heads = last layers" split Hydra uses.
 * Heads belong to clients (Hydra's "per-client heads kept"), not to tasks as
   in Chen et al.'s continual-learning setting; all ``K`` start from the same
   initial head.
-* The client optimiser state lives one round (SPEC 1.3), heads included.
+* The client optimiser state lives one round (docs/setting.md#optimisation), heads included.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -36,8 +38,15 @@ from jsfl.core.plan import plan_round, round_metrics
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, put_rows, take_rows, weighted_mean
 from jsfl.engine import parallel
-from jsfl.methods.registry import MultiHeadOptions
 from jsfl.methods.splitfedv3 import max_logit_select
+from jsfl.options import option, option_set
+
+
+# -1 is the sentinel; its ``validate`` checks the cut against the model's stages.
+@option_set
+class MultiHeadOptions:
+  head_cut: int = option(-1, "first stage of the per-client heads; -1 = the model's "
+                         "default_head_cut", range="[-1, 10000]")
 
 
 @struct.dataclass
@@ -51,7 +60,7 @@ class State:
 
 def head_cut(setup: Setup) -> int:
   """The resolved, validated ``head_cut`` option."""
-  h = MultiHeadOptions.of(setup).head_cut
+  h = setup.options.head_cut
   h = setup.model.default_head_cut if h == -1 else h
   return setup.model.check_cut(h, "method.head_cut")
 
@@ -74,7 +83,7 @@ def round(setup: Setup, state: State, data, key):
   Args:
     setup: static run description (option ``head_cut``).
     state: see :class:`State`.
-    data: device data (see ``jsfl.methods.base``).
+    data: the round's ``RoundData``.
     key: this round's PRNG key.
 
   Returns:
@@ -89,7 +98,7 @@ def round(setup: Setup, state: State, data, key):
            + take_rows(state.heads_stats, plan.clients))
   # a client's whole model trains locally, as in FedAvg; only the body is averaged
   params, stats, sums = parallel.train_participants(setup, plan, data, params, stats)
-  new = state.replace(
+  new = dataclasses.replace(state,
       body=weighted_mean(params[:h], plan.sizes),
       body_stats=weighted_mean(stats[:h], plan.sizes),
       heads=put_rows(state.heads, plan.clients, params[h:]),
@@ -129,4 +138,5 @@ def communication(setup: Setup, samples: int):
 
 
 METHOD = Method(init, round, output_model, communication, predict=predict,
-                validate=validate)
+                validate=validate,
+                options=MultiHeadOptions)

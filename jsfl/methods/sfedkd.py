@@ -1,5 +1,5 @@
 """SFedKD: Xu et al., "SFedKD: Sequential Federated Learning with
-Discrepancy-Aware Multi-Teacher Knowledge Distillation" (SPEC 5, whose
+Discrepancy-Aware Multi-Teacher Knowledge Distillation" (docs/methods-sequential.md, whose
 equations are reconstructed because the paper's text lost them).
 
 FedSeq (``jsfl.methods.fedseq``) whose clients also distil from M teachers:
@@ -47,8 +47,8 @@ previous round's sequence, ``teacher_weights_tc`` / ``teacher_weights_nc``
 (n, M): the weights of each student (rows in sequence order), and
 ``reg_loss`` (mean ``alpha_t TCKD + beta_t NCKD``).
 
-Departures from SPEC 5: none in the math; the defaults alpha_t = 1,
-beta_t = 8, T = 4 are SPEC's (the paper's values are unknown).  The smoothed
+Departures from docs/methods-sequential.md: none in the math; the defaults alpha_t = 1,
+beta_t = 8, T = 4 are the paper reading's (the paper's values are unknown).  The smoothed
 distributions are renormalised to sum to 1.
 """
 
@@ -59,20 +59,62 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from jsfl.core import batching
 from jsfl.core.clients import map_clients
+from jsfl.core.data import gather, round_options
 from jsfl.core.method import Method, label_rank_of
 from jsfl.core.plan import plan_round
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast
 from jsfl.engine import parallel
 from jsfl.methods import fedseq
-from jsfl.methods.registry import KD_METRICS as METRICS
-from jsfl.methods.registry import KD_SELECTIONS as SELECTIONS
-from jsfl.methods.registry import KD_WEIGHTINGS as WEIGHTINGS
-from jsfl.methods.registry import SFedKDOptions
+from jsfl.options import option, option_set
 
 _NEG = -1e9  # finite "minus infinity" for masked logits (no 0 * inf NaNs)
+
+
+KD_METRICS = ("kl", "l1", "l2", "js")
+
+
+KD_SELECTIONS = ("greedy", "random")
+
+
+KD_WEIGHTINGS = ("discrepancy", "equal")
+
+
+TEACHER_EXECS = ("auto", "vmap", "unroll", "map")
+
+
+# num_teachers <= clients_per_round is SFedKD's ``validate``'s.  Negative KD
+# weights would push the student away from its teachers; T divides the
+# logits; eps and smooth keep (d_k + eps)^-1 and KL(pi_s || pi_k) finite when
+# d_k = 0 or a teacher lacks a class, so neither may be 0.
+@option_set
+class SFedKDOptions:
+  num_teachers: int = option(5, "teachers M selected per round (0 = FedSeq)",
+                             range="[0, 1000000]")
+  alpha_t: float = option(1.0, "weight of the multi-teacher TCKD term",
+                          range="[0, inf)", batchable=True)
+  beta_t: float = option(8.0, "weight of the multi-teacher NCKD term",
+                         range="[0, inf)", batchable=True)
+  temperature: float = option(4.0, "distillation temperature T",
+                              range="(0, inf)", batchable=True)
+  eps: float = option(0.05, "smoothing constant of the teacher weights",
+                      range="(0, inf)", batchable=True)
+  smooth: float = option(1e-3, "added per class to client distributions for d_k",
+                         range="(0, inf)", batchable=True)
+  metric: str = option("kl", "discrepancy d_k between student and teacher data",
+                       choices=KD_METRICS)
+  selection: str = option("greedy", "teacher selection", choices=KD_SELECTIONS)
+  selection_metric: str = option("kl", "distance of pi_bar to uniform in greedy selection",
+                                 choices=KD_METRICS)
+  tc_weights: str = option("discrepancy", "TCKD teacher weights", choices=KD_WEIGHTINGS)
+  nc_weights: str = option("discrepancy", "NCKD teacher weights", choices=KD_WEIGHTINGS)
+  teacher_exec: str = option("auto", "how the teachers' forward runs: one vmapped "
+                             "forward over the stacked teachers, or unrolled; auto = "
+                             "unroll on CPU, vmap elsewhere", choices=TEACHER_EXECS)
+  teacher_cache: bool = option(True, "run the teachers once per client on its first "
+                               "epoch and look their logits up in later epochs (same "
+                               "values, E times fewer teacher forwards)")
 
 
 @struct.dataclass
@@ -88,7 +130,7 @@ class State:
 
 def validate(setup: Setup) -> None:
   """Checks ``num_teachers`` before anything is written (runner hook)."""
-  n, m = setup.clients_per_round, SFedKDOptions.of(setup).num_teachers
+  n, m = setup.clients_per_round, setup.options.num_teachers
   if not 0 <= m <= n:
     raise ValueError(f"method.num_teachers={m}; allowed: an int in "
                      f"[0, clients_per_round={n}]")
@@ -124,7 +166,7 @@ def distance(p, q, metric: str):
   if metric == "js":
     mid = 0.5 * (p + q)
     return 0.5 * jnp.sum(_kl_terms(p, mid) + _kl_terms(q, mid), axis=-1)
-  raise ValueError(f"metric={metric!r}; allowed: {METRICS}")
+  raise ValueError(f"metric={metric!r}; allowed: {KD_METRICS}")
 
 
 def _kl_terms(p, q):
@@ -198,8 +240,8 @@ def teacher_weights(student_counts, teacher_counts, *, metric="kl", eps=0.05,
   w_nc = d / jnp.sum(d, axis=1, keepdims=True)
   w_tc = (1.0 / d) / jnp.sum(1.0 / d, axis=1, keepdims=True)
   for name, v in (("tc_weights", tc), ("nc_weights", nc)):
-    if v not in WEIGHTINGS:
-      raise ValueError(f"{name}={v!r}; allowed: {WEIGHTINGS}")
+    if v not in KD_WEIGHTINGS:
+      raise ValueError(f"{name}={v!r}; allowed: {KD_WEIGHTINGS}")
   return (equal if tc == "equal" else w_tc), (equal if nc == "equal" else w_nc)
 
 
@@ -306,7 +348,7 @@ def epoch_teacher_logits(setup: Setup, data, t_params, t_stats, idx, mask,
     # the seed axis is a rolled map (the CPU default).
     return lax.cond(jnp.any(m),
                     lambda: teacher_logits(setup, t_params, t_stats,
-                                           batching.gather(data, i)[0], how),
+                                           gather(data, i)[0], how),
                     lambda: jnp.zeros(shape, jnp.float32))
 
   logits = lax.map(one, (idx, mask))                       # (nb, M, B, L)
@@ -323,13 +365,13 @@ def lookup_logits(ids, valid, logits, idx):
 # -------------------------------------------------------------------- round
 def select(setup: Setup, state: State, data, key):
   """This round's teachers: positions into the previous round's sequence."""
-  o = SFedKDOptions.of(setup)
+  o = setup.options
   n = setup.clients_per_round
   if o.selection == "random":
     return random_select(key, n, o.num_teachers)
   if o.selection != "greedy":
-    raise ValueError(f"selection={o.selection!r}; allowed: {SELECTIONS}")
-  return greedy_select(data["counts"][state.prev_clients], o.num_teachers,
+    raise ValueError(f"selection={o.selection!r}; allowed: {KD_SELECTIONS}")
+  return greedy_select(data.counts[state.prev_clients], o.num_teachers,
                        o.selection_metric)
 
 
@@ -339,7 +381,7 @@ def round(setup: Setup, state: State, data, key):
   Args:
     setup: static run description (options: ``SFedKDOptions``).
     state: :class:`State`.
-    data: device data (see ``jsfl.methods.base``), with ``counts``.
+    data: the round's ``RoundData``, with ``counts``.
     key: this round's PRNG key.
 
   Returns:
@@ -347,7 +389,7 @@ def round(setup: Setup, state: State, data, key):
   """
   plan = plan_round(setup, data, key, state.round)
   seq = fedseq.sequence_order(setup, plan, data, state.label_rank)
-  o = SFedKDOptions.of(setup)
+  o = round_options(setup, data)
   m = o.num_teachers
   students = plan.clients[seq]
   has_teachers = state.round > 0
@@ -357,7 +399,7 @@ def round(setup: Setup, state: State, data, key):
     t_params = jax.tree.map(lambda a: a[pos], state.prev_params)
     t_stats = jax.tree.map(lambda a: a[pos], state.prev_stats)
     w_tc, w_nc = teacher_weights(
-        data["counts"][students], data["counts"][state.prev_clients[pos]],
+        data.counts[students], data.counts[state.prev_clients[pos]],
         metric=o.metric, eps=o.eps, smooth=o.smooth, tc=o.tc_weights, nc=o.nc_weights)
     alpha, beta, temp = o.alpha_t, o.beta_t, o.temperature
     t_exec = o.teacher_exec
@@ -380,7 +422,7 @@ def round(setup: Setup, state: State, data, key):
       ep_idx = jnp.swapaxes(plan.idx[:nb, seq], 0, 1)      # (n, nb, B)
       ep_mask = jnp.swapaxes(plan.mask[:nb, seq], 0, 1)
       cached = lax.map(lambda a: epoch_teacher_logits(setup, data, t_params, t_stats,
-                                                      *a, t_exec), (ep_idx, ep_mask))
+                                                      a[0], a[1], t_exec), (ep_idx, ep_mask))
     ctx = (w_tc, w_nc, cached)
     teachers = jnp.where(has_teachers, state.prev_clients[pos], -1)
     extra_metrics = {"teachers": teachers, "teacher_pos": pos,
@@ -408,9 +450,10 @@ def output_model(setup: Setup, state: State):
 def communication(setup: Setup, samples: int):
   """FedSeq's traffic plus M teacher models down to every participant."""
   b = parallel.model_bytes(setup)
-  n, m = setup.clients_per_round, SFedKDOptions.of(setup).num_teachers
+  n, m = setup.clients_per_round, setup.options.num_teachers
   return n * b, n * (1 + m) * b
 
 
 METHOD = Method(init, round, output_model, communication, validate=validate,
-                label_rank=label_rank_of)
+                label_rank=label_rank_of,
+                options=SFedKDOptions)

@@ -1,7 +1,7 @@
 """SFL = SplitFedV2: Thapa et al., "SplitFed: When Federated Learning Meets
 Split Learning", AAAI 2022; the sequential-server form studied by Hydra
 ("Data Heterogeneity and Forgotten Labels in Split Federated Learning",
-AAAI 2026, Sec. 2 and Algorithm 1).  SPEC 2 and 1.2.
+AAAI 2026, Sec. 2 and Algorithm 1).  docs/methods-splitfed.md and 1.2.
 
 Each participating client holds a copy of part-1; ONE server part-2 is updated
 sequentially: the split round (``jsfl.engine.split``) with the
@@ -17,7 +17,7 @@ participation samples ``clients_per_round`` of ``K`` clients per round.
 
 Departure from the PyTorch reference: none in the math.  The server optimiser
 state (momentum) persists across rounds, the clients' is rebuilt every round
-(SPEC 1.3).
+(docs/setting.md#optimisation).
 """
 
 from __future__ import annotations
@@ -67,8 +67,14 @@ def serve(setup: Setup, loss=split.cross_entropy):
     def one(srv, act, y, mask, k):
       srv, g_a, lsum, _ = split.server_update(setup, plan.tx, srv, act, y, mask, loss)
       return srv, g_a, lsum
-    return split.sequential(one, setup.server_unroll)
+    return split.SequentialServer(one, setup.server_unroll)
   return make
+
+
+def algorithm(setup: Setup, state, loss=split.cross_entropy) -> split.SplitAlgorithm:
+  """SFL's round hooks: part-2 with its persisting optimiser, served
+  participant after participant with ``loss``."""
+  return split.SplitAlgorithm(server_init=server(state), server_rule=serve(setup, loss))
 
 
 def finish(state, out: split.SplitRound, **extra_state):
@@ -86,15 +92,15 @@ def round(setup: Setup, state: State, data, key):
   Args:
     setup: static run description (``setup.order`` picks the processing order).
     state: see :class:`State`.
-    data: device data (see ``jsfl.methods.base``).
+    data: the round's ``RoundData``.
     key: this round's PRNG key.
 
   Returns:
     ``(state, metrics)``; metrics: ``loss``, ``samples``, ``clients``
     (participants in the first batch step's processing order).
   """
-  out = split.split_round(setup, state, data, key, server=server(state),
-                          serve=serve(setup), label_rank=state.label_rank)
+  out = split.run_round(algorithm(setup, state), setup, state, data, key,
+                        label_rank=state.label_rank)
   return finish(state, out)
 
 

@@ -1,4 +1,4 @@
-"""FedExp in its SFL form (SPEC 5, last paragraph): the SFL workflow whose
+"""FedExp in its SFL form (docs/methods-sequential.md, last paragraph): the SFL workflow whose
 client-portion aggregation is FedExp's extrapolating server step.
 
 FedExp: Jhunjhunwala, Wang, Joshi, "FedExP: Speeding Up Federated Averaging
@@ -10,7 +10,7 @@ portion ``w`` and the participants' trained ones ``w_i``,
 ``D_i = w - w_i``, ``D_bar = sum_i a_i D_i``,
 ``eta_g = max(1, sum_i a_i ||D_i||^2 / (2 (||D_bar||^2 + eps)))`` and
 ``w <- w - eta_g D_bar``, norms over all client-portion parameters.  With the
-default uniform weights ``a_i = 1/M`` this is SPEC 5's
+default uniform weights ``a_i = 1/M`` this is docs/methods-sequential.md's
 ``sum_i ||D_i||^2 / (2 M (||D_bar||^2 + eps))``; ``weights = "samples"``
 uses SFL's sample weights instead (eta_g = 1 is then exactly SFL).  The
 server portion is trained as in SFL.
@@ -27,23 +27,39 @@ Decisions and departures:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
+from jsfl.core.data import round_options
 from jsfl.core.method import Method, label_rank_of, split_communication
 from jsfl.core.setup import Setup
 from jsfl.core.trees import weighted_mean
 from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.registry import FedExpOptions
+from jsfl.options import option, option_set
 
 State = sfl.State
 init = sfl.init
 output_model = sfl.output_model
 
 
+FEDEXP_WEIGHTS = ("uniform", "samples")
+
+
+# eps > 0 keeps eta_g finite when every client returns the global model
+# (D_bar = 0); the bound is its ``validate``'s.
+@option_set
+class FedExpOptions:
+  eps: float = option(1e-3, "FedExp's eps in the step-size denominator", range="(0, inf)",
+                      batchable=True)
+  weights: str = option("uniform", "client weights a_i: uniform 1/M (FedExp) or "
+                        "by sample count (SFL's)", choices=FEDEXP_WEIGHTS)
+
+
 def validate(setup: Setup) -> None:
-  eps = FedExpOptions.of(setup).eps
+  eps = setup.options.eps
   if not eps > 0:
     raise ValueError(f"method.eps={eps!r}; allowed: a float > 0")
 
@@ -89,13 +105,11 @@ def round(setup: Setup, state: State, data, key):
   Returns:
     ``(state, metrics)``: SFL's metrics plus ``eta_g``.
   """
-  out = split.split_round(setup, state, data, key, server=sfl.server(state),
-                          serve=sfl.serve(setup), aggregate=None,
-                          label_rank=state.label_rank)
-  w = (out.plan.sizes if FedExpOptions.of(setup).weights == "samples"
-       else jnp.ones_like(out.plan.sizes))
-  part1, eta = fedexp_step(state.part1, out.clients.params, w,
-                           FedExpOptions.of(setup).eps)
+  alg = dataclasses.replace(sfl.algorithm(setup, state), client_final=None)
+  out = split.run_round(alg, setup, state, data, key, label_rank=state.label_rank)
+  o = round_options(setup, data)
+  w = out.plan.sizes if o.weights == "samples" else jnp.ones_like(out.plan.sizes)
+  part1, eta = fedexp_step(state.part1, out.clients.params, w, o.eps)
   new, metrics = sfl.finish(state, out._replace(
       part1=part1, part1_stats=weighted_mean(out.clients.stats, w)))
   metrics["eta_g"] = eta
@@ -106,4 +120,5 @@ communication = split_communication
 
 
 METHOD = Method(init, round, output_model, communication, validate=validate,
-                label_rank=label_rank_of)
+                label_rank=label_rank_of,
+                options=FedExpOptions)

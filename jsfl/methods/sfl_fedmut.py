@@ -1,4 +1,4 @@
-"""FedMut in its SFL form (SPEC 5, last paragraph): SFL whose participants
+"""FedMut in its SFL form (docs/methods-sequential.md, last paragraph): SFL whose participants
 start each round from mutated copies of the global client portion.
 
 FedMut: Hu, Cao, Li, Li, Liu, Li, Chen, Liu, "FedMut: Generalized Federated
@@ -8,7 +8,7 @@ and its last update ``g = w_t - w_{t-1}`` give the next round's starting
 models: for every layer (parameter leaf) independently, half of the
 participants start at ``w + a g`` and the other half at
 ``w + a (-1 + beta_t) g``, in a random arrangement per layer, with a = 4 and
-``beta_t = 0.3 (1 - min(t / 50, 1))`` (t the round that produced g; SPEC 5);
+``beta_t = 0.3 (1 - min(t / 50, 1))`` (t the round that produced g; docs/methods-sequential.md);
 with an odd number of participants one starts at ``w`` (the authors'
 code).  The MultiSFL paper (Xia et al., AAAI 2025) runs FedMut as an SFL
 baseline without details; in SFL only the client portions are aggregated
@@ -31,21 +31,36 @@ Decisions and departures:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jsfl.core.data import round_options
 from jsfl.core.method import Method, label_rank_of, split_communication
 from jsfl.core.portion import fresh_stack
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast
 from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.registry import FedMutOptions
+from jsfl.options import option, option_set
 
 # A fixed fold-in constant keeps the mutation's randomness independent of the
 # round plan drawn from the same round key.
 _MUT_STREAM = 0x6D7574
+
+
+# The radius is a length (0 = SFL); acc_rate > 1 would send the "opposite"
+# half of the starts along +g too, so no mutation around w is left.  bound
+# divides t, and >= 1 is its ``validate``'s bound.
+@option_set
+class FedMutOptions:
+  radius: float = option(4.0, "mutation radius a (0 = no mutation)", range="[0, inf)",
+                         batchable=True)
+  acc_rate: float = option(0.3, "beta_0 of beta_t = beta_0 (1 - min(t / bound, 1))",
+                           range="[0, 1]", batchable=True)
+  bound: int = option(50, "rounds after which beta_t reaches 0", range="[1, 1000000]")
 
 
 @struct.dataclass
@@ -68,14 +83,13 @@ def init(setup: Setup, key) -> State:
 
 
 def validate(setup: Setup) -> None:
-  bound = FedMutOptions.of(setup).bound
+  bound = setup.options.bound
   if bound < 1:
     raise ValueError(f"method.bound={bound!r}; allowed: an int >= 1")
 
 
-def mutation_beta(setup: Setup, t):
-  """``beta_t = acc_rate (1 - min(t / bound, 1))``."""
-  o = FedMutOptions.of(setup)
+def mutation_beta(o, t):
+  """``beta_t = acc_rate (1 - min(t / bound, 1))`` (``o``: the round's options)."""
   rate, bound = o.acc_rate, float(o.bound)
   return rate * (1.0 - jnp.minimum(t.astype(jnp.float32) / bound, 1.0))
 
@@ -90,21 +104,22 @@ def mutation_signs(key, num_leaves: int, n: int, beta):
       jnp.arange(num_leaves))
 
 
-def mutated_starts(setup: Setup, state: State, key):
+def mutated_starts(setup: Setup, o, state: State, key):
   """The participants' ``(n, ...)`` starting client portions and beta_t.
 
   ``g = part1 - prev_part1`` is zero in the first round, so every start is
   then the global model.
   """
   n = setup.clients_per_round
-  a = FedMutOptions.of(setup).radius
-  beta = mutation_beta(setup, jnp.maximum(state.round - 1, 0))
+  a = o.radius
+  beta = mutation_beta(o, jnp.maximum(state.round - 1, 0))
   leaves, treedef = jax.tree.flatten(state.part1)
   prev = jax.tree.leaves(state.prev_part1)
   signs = mutation_signs(key, len(leaves), n, beta)
   out = [w[None] + a * signs[i].reshape((n,) + (1,) * w.ndim) * (w - p)[None]
-         for i, (w, p) in enumerate(zip(leaves, prev))]
-  return jax.tree.unflatten(treedef, [o.astype(w.dtype) for o, w in zip(out, leaves)]), beta
+         for i, (w, p) in enumerate(zip(leaves, prev, strict=True))]
+  cast = [o.astype(w.dtype) for o, w in zip(out, leaves, strict=True)]
+  return jax.tree.unflatten(treedef, cast), beta
 
 
 def round(setup: Setup, state: State, data, key):
@@ -121,18 +136,16 @@ def round(setup: Setup, state: State, data, key):
     ``(state, metrics)``: SFL's metrics plus ``mutation_beta`` and
     ``mutation_norm``.
   """
-  starts, beta = mutated_starts(setup, state, jax.random.fold_in(key, _MUT_STREAM))
-  out = split.split_round(
-      setup, state, data, key, server=sfl.server(state), serve=sfl.serve(setup),
-      starts=lambda plan: fresh_stack(
-          plan, starts,
-          broadcast(state.part1_stats, setup.clients_per_round)),
-      label_rank=state.label_rank)
+  starts, beta = mutated_starts(setup, round_options(setup, data), state,
+                                jax.random.fold_in(key, _MUT_STREAM))
+  alg = dataclasses.replace(sfl.algorithm(setup, state), client_init=lambda plan: fresh_stack(
+      plan, starts, broadcast(state.part1_stats, setup.clients_per_round)))
+  out = split.run_round(alg, setup, state, data, key, label_rank=state.label_rank)
   new, metrics = sfl.finish(state, out, prev_part1=state.part1)
   metrics["mutation_beta"] = beta
   metrics["mutation_norm"] = jnp.sqrt(sum(
       jnp.sum((w - p) ** 2) for w, p in zip(jax.tree.leaves(state.part1),
-                                            jax.tree.leaves(state.prev_part1))))
+                                            jax.tree.leaves(state.prev_part1), strict=True)))
   return new, metrics
 
 
@@ -144,4 +157,5 @@ communication = split_communication
 
 
 METHOD = Method(init, round, output_model, communication, validate=validate,
-                label_rank=label_rank_of)
+                label_rank=label_rank_of,
+                options=FedMutOptions)

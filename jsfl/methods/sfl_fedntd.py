@@ -1,4 +1,4 @@
-"""FedNTD in its SFL form (SPEC 5, last paragraph): the SFL workflow whose
+"""FedNTD in its SFL form (docs/methods-sequential.md, last paragraph): the SFL workflow whose
 server loss is FedNTD's.
 
 FedNTD: Lee et al., "Preservation of the Global Knowledge by Not-True
@@ -21,7 +21,8 @@ loss (:func:`ntd_loss_fn`).  ``sfl_fedexp`` changes the aggregation and
 
 Decisions and departures:
 
-* Which SFL: SPEC 5 says "the SFL workflow", and SPEC 2's SFL is SplitFedV2,
+* Which SFL: docs/methods-sequential.md says "the SFL workflow", and
+  docs/methods-splitfed.md's SFL is SplitFedV2,
   which is what these three modules build on.  The MultiSFL paper's own SFL
   baseline is the parallel one (its text: clients work with the main server
   "in parallel"; the authors' public code gives each selected client copies
@@ -34,7 +35,7 @@ Decisions and departures:
   :func:`communication` counts one extra activation per sample up.
 * Metrics: ``loss`` is the mean cross-entropy (as SFL's), ``reg_loss`` the
   mean ``beta * NTD`` term (as ``fedntd``'s).
-* Defaults beta = 1, tau = 1 (SPEC 5); the ``tau^2`` factor of the authors'
+* Defaults beta = 1, tau = 1 (docs/methods-sequential.md); the ``tau^2`` factor of the authors'
   code is kept (see ``fedntd``).
 """
 
@@ -42,11 +43,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jsfl.core.data import round_options
 from jsfl.core.method import Method, activation_size, label_rank_of, split_communication
 from jsfl.core.setup import Setup
 from jsfl.engine import split
 from jsfl.methods import fedntd, sfl
-from jsfl.methods.registry import FedNTDOptions
 
 State = sfl.State
 init = sfl.init
@@ -76,7 +77,7 @@ def serve(setup: Setup, teacher, beta: float, tau: float):
       part2, g_a, lsum, rsum = split.server_update(
           setup, plan.tx, part2, act, y, mask, ntd_loss_fn(t_logits[k], beta, tau))
       return (part2, reg + rsum), g_a, lsum
-    return split.sequential(one, setup.server_unroll)
+    return split.SequentialServer(one, setup.server_unroll)
   return make
 
 
@@ -93,13 +94,14 @@ def round(setup: Setup, state: State, data, key):
     ``(state, metrics)``: SFL's metrics plus ``reg_loss`` (mean
     ``beta * NTD``).
   """
-  o = FedNTDOptions.of(setup)
+  o = round_options(setup, data)
   beta, tau = o.beta, o.tau
   teacher = (state.part1 + state.part2, state.part1_stats + state.part2_stats)
   start = sfl.server(state)
-  out = split.split_round(
-      setup, state, data, key, server=lambda plan: (start(plan), jnp.zeros((), jnp.float32)),
-      serve=serve(setup, teacher, beta, tau), label_rank=state.label_rank)
+  alg = split.SplitAlgorithm(
+      server_init=lambda plan: (start(plan), jnp.zeros((), jnp.float32)),
+      server_rule=serve(setup, teacher, beta, tau))
+  out = split.run_round(alg, setup, state, data, key, label_rank=state.label_rank)
   part2, reg = out.server
   new, metrics = sfl.finish(state, out._replace(server=part2))
   metrics["reg_loss"] = reg / jnp.maximum(metrics["samples"], 1)
@@ -112,4 +114,5 @@ def communication(setup: Setup, samples: int):
   return up + samples * activation_size(setup.model, setup.cut) * 4, down
 
 
-METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of,
+                options=fedntd.FedNTDOptions)

@@ -13,13 +13,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jsfl.core.data import round_options
 from jsfl.core.method import Method, label_rank_of, split_communication
 from jsfl.engine import split
 from jsfl.methods import sfl
-from jsfl.methods.registry import SmoothOptions
+from jsfl.options import option, option_set
 
 State, init, output_model = sfl.State, sfl.init, sfl.output_model
 communication = split_communication
+
+
+@option_set
+class SmoothOptions:
+  smoothing: float = option(0.1, "label smoothing eps", range="[0, 1)", batchable=True)
 
 
 def smoothed_cross_entropy(eps: float, num_classes: int):
@@ -33,10 +39,11 @@ def smoothed_cross_entropy(eps: float, num_classes: int):
 
 
 def round(setup, state, data, key):
-  loss = smoothed_cross_entropy(SmoothOptions.of(setup).smoothing, setup.num_classes)
-  out = split.split_round(setup, state, data, key, server=sfl.server(state),
-                          serve=sfl.serve(setup, loss), label_rank=state.label_rank)
+  loss = smoothed_cross_entropy(round_options(setup, data).smoothing, setup.num_classes)
+  out = split.run_round(sfl.algorithm(setup, state, loss), setup, state, data, key,
+                        label_rank=state.label_rank)
   return sfl.finish(state, out)
 
 
-METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)
+METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of,
+                options=SmoothOptions)

@@ -1,5 +1,5 @@
 """SplitFedV1: Thapa et al., "SplitFed: When Federated Learning Meets Split
-Learning", AAAI 2022 (SPEC 2).
+Learning", AAAI 2022 (docs/methods-splitfed.md).
 
 Per participating client a copy of part-1 (at the client) and a copy of part-2
 (at the server), trained in parallel on that client's data with the cut-layer
@@ -51,15 +51,15 @@ def serve(setup: Setup):
     def one(srv, act, y, mask, _):
       srv, g_a, lsum, _ = split.server_update(setup, plan.tx, srv, act, y, mask)
       return srv, g_a, lsum
-    return split.parallel(one)
+    return split.per_client(one)
   return make
 
 
 def round(setup: Setup, state: State, data, key):
   """One SplitFedV1 round; same signature and metrics as ``fedavg.round``."""
-  out = split.split_round(setup, state, data, key,
-                          server=server(state, setup.clients_per_round),
-                          serve=serve(setup))
+  alg = split.SplitAlgorithm(server_init=server(state, setup.clients_per_round),
+                             server_rule=serve(setup))
+  out = split.run_round(alg, setup, state, data, key)
   part2, stats2 = split.sample_weighted(out.server, out.plan)
   new = State(out.part1, out.part1_stats, part2, stats2, state.round + 1)
   return new, split.metrics(out)

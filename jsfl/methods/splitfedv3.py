@@ -1,6 +1,6 @@
 """SplitFedV3: Thapa et al., "SplitFed: When Federated Learning Meets Split
 Learning", AAAI 2022, in the form of Gawali et al. 2021 / Madaan et al. 2022
-that Hydra compares against (Hydra, AAAI 2026, Appendix B).  SPEC 2.
+that Hydra compares against (Hydra, AAAI 2026, Appendix B).  docs/methods-splitfed.md.
 
 Every client owns a part-1 that is never aggregated: the state holds all
 ``K`` copies stacked on a leading client axis; a round gathers the
@@ -17,7 +17,7 @@ win (Hydra follows Chen et al. 2023's "most confident head" rule, Eq. 5,
 since the papers leave the choice of part-1 at inference open).  Ties go to
 the lowest client id.
 
-Decisions SPEC leaves open:
+Decisions the paper leaves open:
 
 * All ``K`` part-1 copies start from the same initial part-1 (the one model
   the server initialises), so a client that never took part predicts with
@@ -32,6 +32,7 @@ Decisions SPEC leaves open:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -71,22 +72,23 @@ def round(setup: Setup, state: State, data, key):
   Args:
     setup: static run description.
     state: see :class:`State`.
-    data: device data (see ``jsfl.methods.base``).
+    data: the round's ``RoundData``.
     key: this round's PRNG key.
 
   Returns:
     ``(state, metrics)`` with ``loss``, ``samples`` and ``clients``
     (participants, ascending).
   """
-  out = split.split_round(
-      setup, state, data, key, server=splitfedv1.server(state, setup.clients_per_round),
-      serve=splitfedv1.serve(setup), aggregate=None,
-      starts=lambda plan: fresh_stack(
+  alg = split.SplitAlgorithm(
+      server_init=splitfedv1.server(state, setup.clients_per_round),
+      server_rule=splitfedv1.serve(setup), client_final=None,
+      client_init=lambda plan: fresh_stack(
           plan, take_rows(state.part1, plan.clients),
           take_rows(state.part1_stats, plan.clients)))
+  out = split.run_round(alg, setup, state, data, key)
   clients = out.plan.clients
   part2, stats2 = split.uniform(out.server, out.plan)
-  new = state.replace(
+  new = dataclasses.replace(state,
       part1=put_rows(state.part1, clients, out.clients.params),
       part1_stats=put_rows(state.part1_stats, clients, out.clients.stats),
       part2=part2, part2_stats=stats2, round=state.round + 1)

@@ -1,6 +1,6 @@
 """SplitNN: Vepakomma et al., "Split learning for health: Distributed deep
 learning without sharing raw patient data", 2018 (vanilla split learning, the
-sequential baseline of Hydra, AAAI 2026, Appendix B).  SPEC 2.
+sequential baseline of Hydra, AAAI 2026, Appendix B).  docs/methods-splitfed.md.
 
 One model, part-1 at the clients and part-2 at the server.  The round's
 participants are visited one after another (an outer ``lax.scan`` over the
@@ -8,9 +8,10 @@ visiting order); a visited client runs ``local_epochs`` epochs of split
 steps on its own batches (an inner ``lax.scan`` over its padded batch steps,
 empty ones masked out), updating part-1 and part-2, then hands part-1 on to
 the next client.  A split step is the split engine's batch step with a
-single participant (``jsfl.engine.split.batch_step``) and SFL's server rule.
+single participant (``jsfl.engine.split.segment_step``) and SFL's server rule.
 
-Visiting order (``setup.order``, the server processing orders of SPEC 1.2 at
+Visiting order (``setup.order``, the server processing orders of
+docs/methods-splitfed.md#processing-order at
 the granularity of whole clients):
 
 * ``random``: a fresh random permutation of the participants every round
@@ -19,7 +20,7 @@ the granularity of whole clients):
 * ``cyclic``: clients grouped by dominant label in the run's label cycle;
 * ``cyclic_reverse``: like ``cyclic``, reversed every other round.
 
-Optimiser state (SPEC 1.3, decided here): the part-1 state is rebuilt at
+Optimiser state (docs/setting.md#optimisation, decided here): the part-1 state is rebuilt at
 every client visit (each client's optimiser lives for its visit, i.e. one
 round, as in every other method; momentum is not handed on with the
 weights); the server's part-2 state persists across visits and rounds, as
@@ -28,10 +29,12 @@ SFL's does, since it is one server optimising one part-2.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 from jax import lax
 
-from jsfl.core import batching
+from jsfl.core.data import gather
 from jsfl.core.method import Method, label_rank_of, split_communication
 from jsfl.core.plan import plan_round, round_metrics
 from jsfl.core.portion import fresh_stack
@@ -63,7 +66,7 @@ def round(setup: Setup, state: State, data, key):
   Args:
     setup: static run description (``setup.order`` picks the visiting order).
     state: see :class:`State`.
-    data: device data (see ``jsfl.methods.base``).
+    data: the round's ``RoundData``.
     key: this round's PRNG key.
 
   Returns:
@@ -71,7 +74,7 @@ def round(setup: Setup, state: State, data, key):
     (participants in visiting order).
   """
   plan = plan_round(setup, data, key, state.round)
-  order = visiting_order(setup, plan.order_key, plan.clients, data["dominant"],
+  order = visiting_order(setup, plan.order_key, plan.clients, data.dominant,
                          state.label_rank, state.round)
   # (n, T, 1, B): each client's batch steps, clients in visiting order, as a
   # participant axis of one.
@@ -82,9 +85,9 @@ def round(setup: Setup, state: State, data, key):
 
   def step(carry, batch):
     i, m = batch
-    x, y = batching.gather(data, i)
-    client, srv, lsum = split.batch_step(setup, plan.tx, *carry,
-                                         split.Step(x, y, i, m), only, serve)
+    x, y = gather(data, i)
+    client, srv, lsum = split.segment_step(setup, plan.tx, *carry,
+                                           split.Step(x, y, i, m, only[0]), only, serve)
     return (client, srv), lsum
 
   def visit(carry, client_batches):
@@ -96,8 +99,8 @@ def round(setup: Setup, state: State, data, key):
 
   (p1, s1, srv), lsums = lax.scan(
       visit, (state.part1, state.part1_stats, sfl.server(state)(plan)), (idx, mask))
-  new = state.replace(part1=p1, part1_stats=s1, part2=srv.params, part2_stats=srv.stats,
-                      server_opt=srv.opt, round=state.round + 1)
+  new = dataclasses.replace(state, part1=p1, part1_stats=s1, part2=srv.params,
+                            part2_stats=srv.stats, server_opt=srv.opt, round=state.round + 1)
   return new, round_metrics(plan, lsums, plan.clients[order])
 
 

@@ -3,7 +3,7 @@
 A model is an ordered list of NNX modules ("stages").  A cut index ``c`` splits
 it into the client portion (part-1) ``[0, c)`` and the server portion
 (part-2) ``[c, S)``; Hydra's second cut ``c_b`` splits part-2 into part-2a
-``[c, c_b)`` and the heads ``[c_b, S)`` (SPEC 1.5).  Each model module
+``[c, c_b)`` and the heads ``[c_b, S)`` (docs/setting.md#model-splits).  Each model module
 documents its stage numbering.
 
 The modules are split once into graphdefs and state; training code only sees
@@ -60,6 +60,10 @@ class StagedModel:
   stage_names: tuple[str, ...]
   head_cuts: tuple = ()  # ((name, cut), ...): hashable presets
   init_scheme: str = "he_lecun"
+  # Set once in __post_init__ (the dataclass is frozen): one graph definition
+  # and one abstract (params, stats) pair per stage.
+  _graphdefs: tuple = dataclasses.field(init=False, repr=False, compare=False)
+  _abstract: tuple = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self):
     stages = nnx.eval_shape(lambda: list(self.build(nnx.Rngs(0))))
@@ -99,7 +103,8 @@ class StagedModel:
     inits.apply(self.init_scheme, stages, k_init)
     params, stats = [], []
     for s in stages:
-      _, p, b, _ = nnx.split(s, nnx.Param, nnx.BatchStat, ...)
+      parts: Any = nnx.split(s, nnx.Param, nnx.BatchStat, ...)
+      p, b = parts[1], parts[2]
       params.append(nnx.to_pure_dict(p))
       stats.append(nnx.to_pure_dict(b))
     return tuple(params), tuple(stats)
@@ -122,7 +127,7 @@ class StagedModel:
       training.
     """
     new_stats = []
-    for i, (p, b) in enumerate(zip(params, stats)):
+    for i, (p, b) in enumerate(zip(params, stats, strict=True)):
       g = self._graphdefs[start + i]
       module = nnx.merge(g, p, b)
       x = module(x, train=train, mask=mask)
@@ -180,6 +185,12 @@ def register(name: str):
 
 def model_names() -> tuple[str, ...]:
   return tuple(sorted(_REGISTRY))
+
+
+def model_factory(name: str) -> Callable[..., StagedModel]:
+  """The registered ``factory(input_shape, num_classes, **options)`` (KeyError
+  for an unknown name): its signature lists the model's options."""
+  return _REGISTRY[name]
 
 
 def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",

@@ -37,7 +37,7 @@ def torch_init(module: nnx.Module, key: jax.Array) -> None:
     TypeError: for a parameter outside the layers it knows (a new layer type
       needs its rule here, not a silent default).
   """
-  done = set()
+  done: set[int] = set()
   k = 0
   for _, node in nnx.iter_graph(module):
     if isinstance(node, (layers.Conv, layers.DepthwiseConv)):

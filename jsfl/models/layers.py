@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -179,6 +179,7 @@ class Norm2d(nnx.Module):
     if kind not in NORMS:
       raise ValueError(f"norm={kind!r}; allowed: {NORMS}")
     self.kind = kind
+    self.norm: Any  # BatchNorm, GroupNorm or None, by kind
     if kind == "batch":
       self.norm = nnx.BatchNorm(channels, momentum=0.9, epsilon=1e-5, rngs=rngs)
     elif kind == "group":

@@ -28,7 +28,7 @@ App. G.4): it counts ResNet18 as 12 layers with each residual block a single
 layer and uses cuts 2, 6 and 10 (``CUTS``); our 12 stages are those 12 layers
 and the cut numbers are the same.  ``CUTS["shallow"] = 2`` puts conv1 and
 its BatchNorm at the client (Thapa et al.'s cut after the BatchNorm).  The
-default cut 4 (SPEC 1.5, MultiSFL's cut) puts the first residual stage (two
+default cut 4 (docs/setting.md#model-splits, MultiSFL's cut) puts the first residual stage (two
 blocks, ``layer1`` in torchvision) at the client as well.  The default head
 cut 10 makes Hydra's heads the last 2 stages, pool and fc, like its "small"
 heads.

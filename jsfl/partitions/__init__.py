@@ -1,4 +1,4 @@
-"""Seeded data partitions over K clients (SPEC 1.1).
+"""Seeded data partitions over K clients (docs/setting.md#partitions).
 
 A partition maps a label vector to K disjoint per-client index arrays (int64,
 each sorted ascending).  Methods and their options, with defaults:

@@ -3,10 +3,10 @@
 For each class l, ``q ~ Dir(alpha * 1_K)`` and class l's shuffled indices are
 split at ``floor(cumsum(q) * n_l)``.  The whole draw is repeated while some
 client holds fewer than ``min_size`` samples, at most :data:`MAX_ATTEMPTS`
-times (SPEC 1.1).
+times (docs/setting.md#partitions).
 
 Departure from Flower: with ``self_balancing`` a client is capped once it holds
-more than N/K samples (SPEC), not more than the running mean of the samples
+more than N/K samples (docs/setting.md#partitions), not more than the running mean of the samples
 assigned so far as in Flower's code.
 """
 

@@ -1,4 +1,4 @@
-"""Hydra's dominant-label ("p%-DL") and custom sharding partitions (SPEC 1.1).
+"""Hydra's dominant-label ("p%-DL") and custom sharding partitions (docs/setting.md#partitions).
 
 Both are one scheme with ``n`` dominant labels per client (``n = 1`` for p%-DL,
 ``n = labels_per_client`` for sharding), on K = L * phi clients arranged in L
@@ -73,16 +73,16 @@ def _overlap(labels: np.ndarray, num_clients: int, num_classes: int,
   n = labels_per_client
   owner = np.empty(len(labels), dtype=np.int64)
   clients = np.arange(num_clients)
-  for l, idx in enumerate(class_indices(labels, num_classes)):
+  for lab, idx in enumerate(class_indices(labels, num_classes)):
     idx = rng.permutation(idx)
-    groups = (l - np.arange(n)) % num_classes
+    groups = (lab - np.arange(n)) % num_classes
     dominant = (groups[:, None] * phi + np.arange(phi)).ravel()
     is_dominant = np.zeros(num_clients, dtype=bool)
     is_dominant[dominant] = True
     # Start the non-dominant clients right after label l's group so that
     # array_split's "+1" remainders rotate over clients instead of always
     # landing on client 0.
-    order = np.roll(clients, -((l + 1) * phi) % num_clients)
+    order = np.roll(clients, -((lab + 1) * phi) % num_clients)
     others = order[~is_dominant[order]]
     n_dom = int(np.floor(p * len(idx) + 0.5))
     owner[idx[:n_dom]] = np.repeat(dominant, even_sizes(n_dom, len(dominant)))

@@ -1,6 +1,6 @@
 """Extended Dirichlet partition ExDir(C_cls, alpha) (Li & Lyu 2024; SFedKD).
 
-Two stages (SPEC 1.1):
+Two stages (docs/setting.md#partitions):
 
 1. Class sets: every client draws C_cls distinct classes; all K sets are
    redrawn until every class is held by at least
@@ -153,8 +153,8 @@ def exdir(labels: np.ndarray, num_clients: int, num_classes: int,
   smallest = 0
   for _ in range(MAX_ATTEMPTS):
     sizes = np.zeros(num_clients, dtype=np.int64)
-    for l, idx in enumerate(by_class):
-      q = class_shares(rng.dirichlet(conc), held[:, l], sizes, cap)
+    for lab, idx in enumerate(by_class):
+      q = class_shares(rng.dirichlet(conc), held[:, lab], sizes, cap)
       counts = split_counts(q, len(idx))
       owner[idx] = np.repeat(np.arange(num_clients), counts)
       sizes += counts

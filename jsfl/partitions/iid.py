@@ -1,4 +1,4 @@
-"""IID partition, plus the index helpers every partition shares (SPEC 1.1).
+"""IID partition, plus the index helpers every partition shares (docs/setting.md#partitions).
 
 Every partition in this package builds an *owner vector* (the client id of each
 sample, -1 for a sample no client holds) and turns it into per-client index

@@ -1,4 +1,4 @@
-"""Natural partition: a dataset's own client ids, e.g. writers (SPEC 1.1).
+"""Natural partition: a dataset's own client ids, e.g. writers (docs/setting.md#partitions).
 
 With K equal to the number of distinct ids every id is one client.  With fewer
 clients than ids, K ids are drawn without replacement (seeded), as LEAF-style

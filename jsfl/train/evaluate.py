@@ -1,4 +1,4 @@
-"""Whole-test-set evaluation in one jitted pass (SPEC 1.4)."""
+"""Whole-test-set evaluation in one jitted pass (docs/setting.md#metrics)."""
 
 from __future__ import annotations
 

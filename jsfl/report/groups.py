@@ -1,0 +1,145 @@
+"""Which runs make one row: runs grouped by the config fields that differ
+between them, runs that differ only in their seeds pooled."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from jsfl.reading import Run
+from jsfl.statistics import (
+  summarize,
+)
+
+# Config fields that say how or where a run ran, not what it computed: they
+# never split runs into groups (exec.* and the conv lowerings change speed,
+# not the math; run.seed/seeds are what pooling merges).
+IGNORED_FIELDS = frozenset({"run.name", "run.out_dir", "run.dir", "run.seed", "run.seeds",
+                            "dataset.data_dir", "dataset.download", "model.conv_impl",
+                            "model.depthwise_impl"})
+IGNORED_SECTIONS = ("exec",)
+MISSING = "-"  # a config field a run does not have (e.g. another method's option)
+
+
+def _hashable(v):
+  if isinstance(v, (list, tuple)):
+    return json.dumps(v)
+  if isinstance(v, dict):
+    return json.dumps(v, sort_keys=True)
+  return v
+
+
+def flat_config(run: Run) -> dict[str, Any]:
+  """``section.key -> value`` of the fields that define what a run computed.
+
+  ``model.cut`` is the resolved cut (``-1`` means the model's default, so
+  ``cut = -1`` and an explicit default cut are the same experiment).
+  """
+  if not run.config:
+    return {"run.path": run.path}  # nothing to compare: the run is its own group
+  flat = {}
+  for section, values in run.config.items():
+    if section in IGNORED_SECTIONS or not isinstance(values, dict):
+      continue
+    for k, v in values.items():
+      key = f"{section}.{k}"
+      if key not in IGNORED_FIELDS:
+        flat[key] = _hashable(v)
+  if "model.cut" in flat and isinstance(run.resolved.get("cut"), int):
+    flat["model.cut"] = run.resolved["cut"]
+  return flat
+
+
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+  """Column titles: ``method.name -> method``, ``partition.p -> p`` where unique."""
+  def short(k):
+    section, _, field = k.partition(".")
+    return section if field == "name" else field
+  shorts = [short(k) for k in keys]
+  return {k: (s if shorts.count(s) == 1 else k) for k, s in zip(keys, shorts, strict=True)}
+
+
+@dataclasses.dataclass
+class Group:
+  """Runs that agree on every compared config field, pooled."""
+
+  values: dict[str, Any]    # the varying fields' values (the row's key)
+  runs: list[Run]
+  label: str = ""           # short text for tables and legends
+  slug: str = ""            # file-name-safe label
+
+  def records(self) -> list[dict]:
+    """All records, the seed replaced by ``(run index, seed)`` so pooled runs
+    that reuse a seed number stay apart."""
+    return [{**r, "seed": (i, r["seed"])} for i, run in enumerate(self.runs)
+            for r in run.records]
+
+  def summary(self, keys=("accuracy", "loss", "pg", "bw"), last: int = 5) -> dict:
+    return summarize(self.records(), keys, last)
+
+  @property
+  def config(self) -> dict:
+    return self.runs[0].config
+
+
+def _slug(text: str, limit: int = 60) -> str:
+  out = "".join(c if c.isalnum() or c in "-." else "-" for c in text)
+  while "--" in out:
+    out = out.replace("--", "-")
+  return out.strip("-")[:limit] or "run"
+
+
+SECTION_ORDER = ("method", "dataset", "partition", "model", "run", "optim")
+
+
+def _column_rank(key: str, keys: Sequence[str]) -> tuple:
+  """Method first, then sections in SECTION_ORDER, each section's name first:
+  a partition's options stand next to the partition."""
+  section, _, field = key.partition(".")
+  rank = SECTION_ORDER.index(section) if section in SECTION_ORDER else len(SECTION_ORDER)
+  return (rank, field != "name", keys.index(key))
+
+
+def group_runs(runs: Sequence[Run], by: Sequence[str] | None = None
+               ) -> tuple[list[Group], list[str], dict[str, Any]]:
+  """Groups runs by the config fields that differ between them.
+
+  Args:
+    runs: loaded runs.
+    by: the fields to group by (``section.key``); default: every compared
+      field whose value is not the same in all runs, plus ``method.name``.
+
+  Returns:
+    ``(groups, columns, shared)``: groups in the order their first run came,
+    the grouping fields (``method.name`` first), and the fields every run
+    shares with their common value.
+  """
+  flats = [flat_config(r) for r in runs]
+  keys: list[str] = []
+  for f in flats:
+    keys += [k for k in f if k not in keys]
+  if by:
+    columns = list(by)
+  else:
+    columns = [k for k in keys
+               if len({f.get(k, MISSING) for f in flats}) > 1 or k == "method.name"]
+    columns.sort(key=lambda k: _column_rank(k, keys))
+  shared = {k: flats[0][k] for k in keys if k not in columns
+            and all(k in f and f[k] == flats[0][k] for f in flats)}
+  names = short_names(columns)
+  groups: dict[tuple, Group] = {}
+  for run, f in zip(runs, flats, strict=True):
+    ident = tuple(f.get(k, MISSING) for k in columns)
+    if ident not in groups:
+      values = dict(zip(columns, ident, strict=True))
+      parts = [str(v) if k == "method.name" else f"{names[k]}={v}"
+               for k, v in values.items() if v != MISSING]
+      label = ", ".join(parts) or run.name
+      groups[ident] = Group(values, [], label)
+    groups[ident].runs.append(run)
+  out = list(groups.values())
+  for i, g in enumerate(out):
+    g.slug = _slug(g.label) if len(out) == 1 else f"{i + 1:02d}_{_slug(g.label)}"
+  return out, columns, shared

@@ -1,0 +1,229 @@
+"""From a checked config to an :class:`Experiment`: data, model, partitions,
+setup and per-slot values, every option validated before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jsfl import config as config_lib
+from jsfl import slots as slots_lib
+from jsfl.core import sharding
+from jsfl.core.data import RoundData, hyper_of
+from jsfl.core.setup import Setup
+from jsfl.data import load_dataset
+from jsfl.methods.catalog import get_method
+from jsfl.models import get_model, layers
+from jsfl.models.base import model_factory
+from jsfl.partitions import dominant_labels, index_table, label_counts, make_partition
+from jsfl.train.programs import default_client_exec
+
+
+@dataclasses.dataclass
+class Slot:
+  """One run of a program (:mod:`jsfl.slots`): its seed, its cell's config
+  (batchable values and partition options), and the cell's name when the
+  program trains several cells."""
+
+  seed: int
+  cfg: dict
+  cell: str | None = None
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything a run needs, built (and validated) before anything is written."""
+
+  cfg: dict
+  setup: Setup                # the program's (its first cell's) values
+  method: Any
+  dataset: Any
+  slots: list[Slot]
+  partitions: list[dict]      # per slot: seed, counts, sizes, dominant (and cell)
+  data: RoundData             # device arrays; the slot fields have a leading slot axis
+
+  @property
+  def seeds(self) -> list[int]:
+    """Per slot its seed (a seed repeats across the cells of a program)."""
+    return [s.seed for s in self.slots]
+
+  @property
+  def cell_configs(self) -> list[tuple[str, dict]]:
+    """``(name, config)`` of the cells of a program in slot order; empty for
+    a single-config run."""
+    return list({s.cell: (s.cell, s.cfg) for s in self.slots if s.cell is not None}.values())
+
+  def cell_setup(self, cfg: dict) -> Setup:
+    """A cell's own setup (its batchable values) on this program's model."""
+    return make_setup(cfg, self.setup.model, self.setup.cut, self.setup.max_size)
+
+
+def options_error(section: str, err: Exception, cell: str | None = None
+                  ) -> config_lib.ConfigError:
+  """A model, data, partition or method option the owner rejected, as the
+  config error the CLI reports (``cell``: the cell of a program of several)."""
+  e = config_lib.ConfigError(f"[{section}] {err}")
+  e.cell = cell
+  return e
+
+
+def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experiment:
+  """Loads data, builds the model, partitions per slot, checks every option.
+
+  Args:
+    cfg: the resolved config (with ``cells``: the program's static part).
+    cells: ``(name, resolved config)`` of every cell trained as slots of
+      this one program (:mod:`jsfl.slots`): each brings its seeds, batchable
+      values and partition options; None: ``cfg``'s seeds are the slots.
+
+  Raises:
+    ConfigError: for any invalid option (nothing has been written yet).
+    ValueError: cells whose static parts differ (a caller's bug).
+  """
+  ds_cfg, x_cfg = cfg["dataset"], cfg["exec"]
+  cell_list: list[tuple[str | None, dict]] = ([(None, cfg)] if cells is None
+                                              else list(cells))
+  for name, c in cell_list:
+    diff = slots_lib.differences(cfg, c)
+    if diff:
+      raise ValueError(f"cell {name!r} cannot be a slot of this program: it differs "
+                       f"in {', '.join(diff)}")
+  try:
+    dataset = load_dataset(ds_cfg["name"], data_dir=ds_cfg["data_dir"] or None,
+                           download=ds_cfg["download"],
+                           **config_lib.extra_options(cfg, "dataset"))
+  except (ValueError, TypeError) as e:
+    raise options_error("dataset", e) from None
+  model, cut = build_model(cfg, dataset.input_shape, dataset.num_classes)
+  method = get_method(cfg["method"]["name"])
+
+  K = cfg["partition"]["num_clients"]
+  run_slots = [Slot(s, c, name) for name, c in cell_list
+               for s in range(c["run"]["seed"], c["run"]["seed"] + c["run"]["seeds"])]
+  parts_per_slot: list[dict[str, Any]] = []
+  tables: list[np.ndarray] = []
+  for slot in run_slots:
+    p_cfg = slot.cfg["partition"]
+    try:
+      parts = make_partition(p_cfg["name"], dataset.y_train, K, seed=slot.seed,
+                             num_classes=dataset.num_classes,
+                             client_ids=dataset.client_ids,
+                             **config_lib.extra_options(slot.cfg, "partition"))
+    except (ValueError, TypeError) as e:
+      raise options_error("partition", e, slot.cell) from None
+    counts = label_counts(parts, dataset.y_train, dataset.num_classes)
+    table, _, sizes = index_table(parts)
+    parts_per_slot.append({"seed": slot.seed, **({"cell": slot.cell} if slot.cell else {}),
+                           "label_counts": counts, "sizes": sizes,
+                           "dominant": dominant_labels(counts)})
+    tables.append(table)
+  max_n = max(t.shape[1] for t in tables)
+  table = np.stack([np.pad(t, ((0, 0), (0, max_n - t.shape[1]))) for t in tables])
+  setup = make_setup(cfg, model, cut, max_n)
+  try:
+    sharding.mesh_shape(x_cfg["mesh"], jax.device_count(), len(run_slots),
+                        setup.clients_per_round)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from None
+  cell_setups = {name: make_setup(c, model, cut, max_n) for name, c in cell_list}
+  if method.validate is not None:  # method checks needing the model or sizes
+    for name, s in cell_setups.items():  # each cell's own values (p_min <= p0, ...)
+      try:
+        method.validate(s)
+      except ValueError as e:
+        raise options_error("method", e, name) from None
+  hypers = [hyper_of(cell_setups[slot.cell]) for slot in run_slots]
+  data = RoundData(
+      x=jnp.asarray(dataset.x_train), y=jnp.asarray(dataset.y_train),
+      mean=jnp.asarray(dataset.mean), std=jnp.asarray(dataset.std),
+      table=jnp.asarray(table),
+      sizes=jnp.asarray(np.stack([p["sizes"] for p in parts_per_slot])),
+      dominant=jnp.asarray(np.stack([p["dominant"] for p in parts_per_slot]).astype(np.int32)),
+      counts=jnp.asarray(np.stack([p["label_counts"] for p in parts_per_slot])
+                         .astype(np.int32)),
+      hyper=jax.tree.map(lambda *v: jnp.asarray(v, jnp.float32), *hypers))
+  return Experiment(cfg, setup, method, dataset, run_slots, parts_per_slot, data)
+
+
+def build_model(cfg: dict, input_shape, num_classes: int):
+  """The config's model for inputs of ``input_shape`` and its cut
+  (``model.cut = -1`` resolved to the model's default).
+
+  Raises:
+    ConfigError: for a model option the model does not take or allow.
+  """
+  m_cfg = cfg["model"]
+  model_opts = config_lib.extra_options(cfg, "model")
+  if m_cfg["norm"]:
+    model_opts["norm"] = m_cfg["norm"]
+  model_opts["conv_impl"] = (layers.default_conv_impl() if m_cfg["conv_impl"] == "auto"
+                             else m_cfg["conv_impl"])
+  model_opts["depthwise_impl"] = (layers.default_depthwise_impl()
+                                  if m_cfg["depthwise_impl"] == "auto"
+                                  else m_cfg["depthwise_impl"])
+  try:
+    model = get_model(m_cfg["name"], input_shape, num_classes, init=m_cfg["init"],
+                      **model_opts)
+  except TypeError as e:
+    raise config_lib.ConfigError(_model_options_error(m_cfg["name"], model_opts, e)) from None
+  except ValueError as e:
+    raise options_error("model", e) from None
+  cut = model.default_cut if m_cfg["cut"] == -1 else m_cfg["cut"]
+  try:
+    model.check_cut(cut, "model.cut")
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from None
+  return model, cut
+
+
+def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
+  """The run's :class:`Setup` from a checked config: the method and optimiser
+  keys, the method's option set, ``exec.client_exec = auto`` resolved for
+  this backend.  ``max_size`` is the widest client row of the index table."""
+  me_cfg, o_cfg, x_cfg = cfg["method"], cfg["optim"], cfg["exec"]
+  K = cfg["partition"]["num_clients"]
+  n = me_cfg["clients_per_round"] or K
+  method_opts = config_lib.extra_options(cfg, "method")
+  return Setup(
+      model=model, num_clients=K, clients_per_round=n, max_size=max_size,
+      batch_size=me_cfg["batch_size"], local_epochs=me_cfg["local_epochs"],
+      cut=cut, order=me_cfg["order"], order_rule=me_cfg["order_rule"],
+      batches_per_turn=me_cfg["batches_per_turn"], drop_last=me_cfg["drop_last"],
+      lr=o_cfg["lr"], lr_decay=o_cfg["lr_decay"], lr_min=o_cfg["lr_min"],
+      lr_decay_start=o_cfg["lr_decay_start"], momentum=o_cfg["momentum"],
+      weight_decay=o_cfg["weight_decay"],
+      client_exec=(default_client_exec(n) if x_cfg["client_exec"] == "auto"
+                   else x_cfg["client_exec"]),
+      server_unroll=x_cfg["server_unroll"],
+      options=get_method(me_cfg["name"]).options(**method_opts))
+
+
+def setup_from(raw: dict, input_shape, num_classes: int, max_size: int) -> Setup:
+  """The :class:`Setup` of a config table (defaults filled in and checked)
+  for data of ``input_shape`` and ``num_classes`` without loading a dataset:
+  what benchmarks on synthetic workloads run."""
+  cfg = config_lib.resolve(raw)
+  model, cut = build_model(cfg, input_shape, num_classes)
+  return make_setup(cfg, model, cut, max_size)
+
+
+def _model_options_error(name: str, given: dict, err: Exception) -> str:
+  """A model option the factory does not take, with the ones it does."""
+  try:
+    params = inspect.signature(model_factory(name)).parameters
+  except (KeyError, TypeError, ValueError):
+    return f"[model] {err}"
+  fixed = {"input_shape", "num_classes"}
+  known = sorted(k for k, p in params.items() if k not in fixed
+                 and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+  bad = [k for k in given if k not in params]
+  if not bad or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    return f"[model] {err}"
+  return (f"unknown config key 'model.{bad[0]}' for model {name!r}; allowed: "
+          + ", ".join(sorted(set(known) | {"name", "cut", "norm", "conv_impl",
+                                            "depthwise_impl", "init"})))

@@ -1,0 +1,234 @@
+"""A run's life around the round loop: its files at the start, signals that
+stop it after a round, divergence, and resuming it from a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+
+import jax
+import numpy as np
+
+from jsfl import __version__, checkpoint, rundir
+from jsfl import config as config_lib
+from jsfl.errors import Diverged
+from jsfl.models import layers
+from jsfl.train.programs import default_seed_exec
+from jsfl.train.records import slot_name
+
+CELL_ARTIFACTS = "cells"  # a program of several cells: <run dir>/cells/<cell>/<file>
+
+
+def versions() -> dict:
+  import flax
+  import optax
+  return {"jsfl": __version__, "jax": jax.__version__, "flax": flax.__version__,
+          "optax": optax.__version__, "python": sys.version.split()[0]}
+
+
+def device_kind() -> str:
+  d = jax.devices()[0]
+  return f"{d.platform}:{getattr(d, 'device_kind', '?')} x{jax.device_count()}"
+
+
+def write_run_files(cfg: dict, exp, out: str, mesh) -> None:
+  """config.json, partition.json and method artifacts of a new run."""
+  setup, method, seeds = exp.setup, exp.method, exp.seeds
+  rundir.write_json_atomic(f"{out}/config.json", {
+      "config": cfg, "versions": versions(), "device": device_kind(),
+      "resolved": {"cut": setup.cut, "clients_per_round": setup.clients_per_round,
+                   "model_stages": list(setup.model.stage_names),
+                   "max_client_size": setup.max_size, "seeds": seeds,
+                   "conv_impl": cfg["model"]["conv_impl"],
+                   "default_conv_impl": layers.default_conv_impl(),
+                   "client_exec": setup.client_exec,
+                   "seed_exec": (default_seed_exec() if cfg["exec"]["seed_exec"] == "auto"
+                                 else cfg["exec"]["seed_exec"]),
+                   "default_depthwise_impl": layers.default_depthwise_impl(),
+                   "mesh": dict(mesh.shape) if mesh is not None else None,
+                   "processes": jax.process_count()},
+      # A program of several cells: each one's config, for resume and the split.
+      **({"cells": [{"name": n, "config": c} for n, c in exp.cell_configs]}
+         if exp.cell_configs else {})})
+  rundir.write_json_atomic(f"{out}/partition.json", {"seeds": exp.partitions})
+  if method.artifacts is None:  # e.g. Hydra's groups.json
+    return
+  if not exp.cell_configs:
+    for fname, obj in method.artifacts(setup, exp.partitions).items():
+      rundir.write_json_atomic(f"{out}/{fname}", obj)
+    return
+  for name, c in exp.cell_configs:  # each cell's own, from its own options
+    parts = [p for p in exp.partitions if p.get("cell") == name]
+    os.makedirs(f"{out}/{CELL_ARTIFACTS}/{name}", exist_ok=True)
+    for fname, obj in method.artifacts(exp.cell_setup(c), parts).items():
+      rundir.write_json_atomic(f"{out}/{CELL_ARTIFACTS}/{name}/{fname}", obj)
+
+
+def holds_nothing(out: str) -> bool:
+  """No record and no checkpoint yet: a failed start has nothing worth keeping."""
+  ck = os.path.join(out, "checkpoints")
+  has_ckpt = os.path.isdir(ck) and any(n.isdigit() for n in os.listdir(ck))
+  metrics_path = os.path.join(out, "metrics.jsonl")
+  has_records = os.path.exists(metrics_path) and os.path.getsize(metrics_path) > 0
+  return not (has_ckpt or has_records)
+
+
+def diverged_error(cfg: dict, out: str, diverged: dict, at: int, R: int) -> Diverged:
+  """The error a run with diverged slots ends with (after its summary)."""
+  which = ", ".join(f"seed {slot_name(*(k if isinstance(k, tuple) else (None, k)))} at "
+                    f"round {r}" for k, r in diverged.items())
+  o = cfg["optim"]
+  ended = (f"the run stopped after round {at}" if at < R
+           else f"the other seeds ran to round {R}")
+  return Diverged(
+      f"training diverged: {which} (non-finite loss or parameters; optim.lr={o['lr']!r}"
+      f"{', momentum=' + repr(o['momentum']) if o['momentum'] else ''}); {ended}; those "
+      f"seeds are marked in {out}/summary.json; allowed: a smaller optim.lr or a "
+      "stabler method option", diverged, out)
+
+
+class Stopped(SystemExit):
+  """A run ended early on a signal, after a checkpoint.
+
+  The exit status is ``128 + signum`` (143 for SIGTERM, 130 for SIGINT), as
+  for a process the signal had killed.
+  """
+
+  def __init__(self, signum: int, round_: int, run_dir: str):
+    super().__init__(128 + signum)
+    self.signum, self.round, self.run_dir = signum, round_, run_dir
+
+
+class StopSignals:
+  """Turns SIGTERM and SIGINT into a flag the loop reads after each round.
+
+  Handlers are only installed from the main thread (Python allows no other);
+  elsewhere the signals keep their handlers.  Repeated signals change
+  nothing: a round cannot be interrupted from Python anyway (SIGKILL can; a
+  resume then starts from the last periodic checkpoint).
+  """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.signum = None
+    self._previous = {}
+    if threading.current_thread() is threading.main_thread():
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signum = self.signum or signum
+
+  def agree(self) -> None:
+    """Multi-host: a signal any process got stops all of them after this
+    round (one small allgather per round; nothing with one process)."""
+    if jax.process_count() == 1:
+      return
+    from jax.experimental import multihost_utils
+    got = np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0)))
+    self.signum = int(got.max()) or None
+
+  def restore(self) -> None:
+    for sig, handler in self._previous.items():
+      # None: a handler not installed from Python; the default is the closest.
+      signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    self._previous = {}
+
+
+class Progress:
+  """A one-line progress bar on stderr (plain lines when not a terminal)."""
+
+  def __init__(self, total: int, enabled: bool):
+    self.total, self.enabled = total, enabled
+    self.tty = sys.stderr.isatty()
+
+  def update(self, r: int, acc, sps: float, final: bool = False):
+    if not self.enabled:
+      return
+    width = 24
+    done = int(width * r / self.total)
+    acc_s = "  -  " if acc is None else f"{acc:5.2f}%"
+    line = (f"round {r:>4}/{self.total} [{'#' * done}{'.' * (width - done)}] "
+            f"acc {acc_s} | {sps:,.0f} samples/s")
+    if self.tty:
+      sys.stderr.write("\r" + line + ("\n" if final else ""))
+    elif acc is not None or final:
+      sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def read_run_config(run_dir: str, progress: bool | None = None):
+  """A run directory's ``(config, cells)`` as :func:`jsfl.train.run` takes
+  them, each re-validated as a new config would be.
+
+  Raises:
+    ConfigError: ``run_dir`` is not a run directory, or its config is no
+      longer valid.
+  """
+  path = os.path.join(run_dir, "config.json")
+  try:
+    with open(path) as f:
+      written = json.load(f)
+    stored = written["config"]
+    if not isinstance(stored, dict) or not all(isinstance(v, dict) for v in stored.values()):
+      raise TypeError
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    raise config_lib.ConfigError(
+        f"{run_dir!r} is not a run directory: expected {path} with a 'config' "
+        "key, as jsfl run writes") from None
+  started_with = (written.get("resolved") or {}).get("client_exec")
+
+  def again(stored: dict, where: str) -> dict:
+    try:  # checked as a new config would be (it may have been edited)
+      cfg = config_lib.resolve(stored)
+    except config_lib.ConfigError as e:
+      raise config_lib.ConfigError(f"{where}: {e}") from None
+    if progress is not None:
+      cfg["exec"]["progress"] = progress
+    # A run continues with the client loop it started with, even where a later
+    # jsfl measures another default for "auto": the values agree only to float
+    # tolerance across loops, and a resumed run must equal an uninterrupted one.
+    if cfg["exec"]["client_exec"] == "auto" and started_with in config_lib.SCHEMA[
+        "exec"]["client_exec"].choices[1:]:  # type: ignore[index]
+      cfg["exec"]["client_exec"] = started_with
+    return cfg
+
+  cfg = again(stored, path)
+  cells = None
+  if written.get("cells") is not None:  # a program of several cells (jsfl sweep)
+    try:
+      cells = [(c["name"], again(c["config"], f"{path}, cell {c['name']}"))
+               for c in written["cells"]]
+    except (KeyError, TypeError):
+      raise config_lib.ConfigError(f"{path}: 'cells' is not a list of name and config "
+                                   "tables, as jsfl sweep writes") from None
+  return cfg, cells
+
+
+def finished(run_dir: str, cfg: dict, cells) -> bool:
+  """Whether the run in ``run_dir`` has trained all its rounds: its newest
+  checkpoint is of the last round, or (runs written before checkpoints
+  existed) every seed has a record of the last round."""
+  R = cfg["run"]["rounds"]
+  done = checkpoint.latest_round(os.path.join(run_dir, "checkpoints"))
+  if done is not None or cells is not None:
+    return (done or 0) >= R
+  seeds = {cfg["run"]["seed"] + s for s in range(cfg["run"]["seeds"])}
+  try:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      last = set()
+      for line in f:
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError:
+          continue
+        if isinstance(rec, dict) and rec.get("round") == R:
+          last.add(rec.get("seed"))
+  except OSError:
+    return False
+  return seeds <= last

@@ -1,0 +1,185 @@
+"""The train loop (big_vision style): config -> run directory.
+
+The loop over rounds is the only Python loop: each round is one call of a
+jitted program that runs every slot, client and batch step of the round
+(:mod:`jsfl.train.programs`); evaluation is one more program over the test
+set.  ``docs/run-directory.md`` describes what a run writes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jsfl import checkpoint, distributed, rundir
+from jsfl.errors import Diverged, RunDirError
+from jsfl.train import programs
+from jsfl.train.evaluate import chunk_test_set
+from jsfl.train.experiment import Experiment, prepare
+from jsfl.train.lifecycle import (
+  Progress,
+  Stopped,
+  StopSignals,
+  diverged_error,
+  finished,
+  holds_nothing,
+  read_run_config,
+  write_run_files,
+)
+from jsfl.train.programs import (
+  make_seed_keys,
+  place,
+  round_keys,
+  run_mesh,
+  split_data,
+)
+from jsfl.train.records import Tally, summary
+
+
+def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None,
+        cells: list[tuple[str, dict]] | None = None) -> str:
+  """Trains per ``cfg`` and returns the run directory.
+
+  Checkpoints (:mod:`jsfl.checkpoint`) are written every
+  ``run.checkpoint_every`` rounds and after the last.  SIGTERM and SIGINT
+  (main thread only) end the run after the current round with a checkpoint
+  and a line naming the resume command on stderr.  The run directory is
+  locked while the run writes it; a new run that fails before its first
+  record or checkpoint leaves nothing behind.
+
+  Args:
+    cfg: the resolved config.
+    exp: ``prepare(cfg)``, if already built.
+    resume: an existing run directory of ``cfg`` to continue from its newest
+      checkpoint that restores (round 0 without one) instead of a new one;
+      use :func:`resume`, which also reads and re-validates the config.
+    cells: ``(name, config)`` of cells to train as slots of one program
+      (:func:`~jsfl.train.experiment.prepare`); its records carry their cell.
+
+  Raises:
+    Stopped: after a SIGTERM / SIGINT (a ``SystemExit`` of 128 + signum).
+    Diverged: a slot's loss or parameters became non-finite
+      (``run.on_divergence``); the run directory is kept and its summary
+      names the slots.
+    RunDirError, CheckpointError: the directory is taken or locked; no
+      checkpoint restores or matches; a checkpoint could not be written.
+  """
+  exp = exp or prepare(cfg, cells)
+  # Multi-host: process 0 alone writes files; the others learn its directory
+  # (checkpoints are written by all of them into it).
+  writes = distributed.is_writer()
+  created: list[str] = []
+  out = resume or (rundir.new_run_dir(cfg["run"]["out_dir"], cfg["run"]["name"],
+                                      cfg["run"]["dir"], created) if writes else None)
+  out = distributed.broadcast_path(out)
+  lock = rundir.RunLock(out)
+  try:
+    if writes:
+      lock.acquire()
+      if not resume and rundir.listing(out):  # another run wrote it since we checked
+        raise RunDirError(f"run.dir={out!r} was written by another process meanwhile; "
+                          "allowed: a new or empty directory")
+    try:
+      train(cfg, exp, out, resume, writes)
+    except BaseException as e:
+      if (writes and not resume and not isinstance(e, (Stopped, Diverged))
+          and holds_nothing(out)):
+        rundir.remove_new(out, created)
+      raise
+  finally:
+    lock.release()
+  return out
+
+
+def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool) -> None:
+  """The loop over rounds, in ``out`` (already locked)."""
+  mesh = run_mesh(exp)
+  if not resume and writes:  # a resumed run keeps the files of its start
+    write_run_files(cfg, exp, out, mesh)
+  init, rnd, ev = programs.build_programs(exp, mesh)
+  slot, shared = split_data(exp.data)
+  test = jax.tree.map(jnp.asarray, chunk_test_set(
+      exp.dataset.x_test, exp.dataset.y_test, cfg["exec"]["eval_batch"]))
+  seed_keys, slot, shared, test = place(mesh, make_seed_keys(exp.seeds), slot, shared, test)
+  _, _, mean, std = shared
+  state = init(seed_keys)
+  R, every, ckpt_every = (cfg["run"][k] for k in ("rounds", "eval_every", "checkpoint_every"))
+  ckpt = checkpoint.Checkpointer(os.path.join(out, "checkpoints"))
+  t = Tally(exp)
+  if resume:
+    state = t.restore(cfg, out, ckpt, state, writes)
+  writer = rundir.MetricsWriter(f"{out}/metrics.jsonl") if writes else rundir.NullWriter()
+  bar = Progress(R, cfg["exec"]["progress"] and writes)
+  stop = StopSignals()
+  try:
+    for r in range(t.start, R):
+      t0 = time.perf_counter()
+      state, m = rnd(state, slot, round_keys(seed_keys, r), shared)
+      m = jax.device_get(m)
+      wall = time.perf_counter() - t0
+      traffic = t.add_traffic(m)
+      stopping = t.note_divergence(cfg, m, r, bar.enabled)
+      acc = None
+      if (r + 1) % every == 0 or r + 1 == R or stopping:
+        e = jax.device_get(ev(state, test, mean, std))
+        acc = t.record(cfg, exp, state, m, e, r, wall, traffic, writer)
+        if writes:
+          rundir.write_json_atomic(f"{out}/summary.json",
+                                   summary(cfg, t.records, t.diverged_ids()))
+      bar.update(r + 1, acc, float(np.sum(m["samples"])) / wall, final=r + 1 == R)
+      stop.agree()  # every host stops after the same round
+      if stopping:  # no checkpoint of a broken state
+        raise diverged_error(cfg, out, t.diverged_ids(), r + 1, R)
+      if r + 1 == R or stop.signum or (ckpt_every and (r + 1) % ckpt_every == 0):
+        ckpt.save(r + 1, state, exp.seeds, t.cum_up, t.cum_down, extra=t.host_record())
+      if stop.signum and r + 1 < R:
+        if bar.enabled and bar.tty:
+          sys.stderr.write("\n")  # end the progress line
+        if writes:
+          print(f"jsfl: stopped after round {r + 1}; resume with: jsfl run --resume {out}",
+                file=sys.stderr, flush=True)
+        raise Stopped(stop.signum, r + 1, out)
+  finally:
+    writer.close()
+    ckpt.close()
+    stop.restore()
+  if jax.process_count() > 1:  # job logs show that every host agrees
+    print(f"jsfl: process {jax.process_index()}/{jax.process_count()} finished: "
+          f"accuracy {np.round(np.asarray(t.last_acc, np.float64), 4).tolist()}",
+          file=sys.stderr, flush=True)
+  if t.diverged:
+    raise diverged_error(cfg, out, t.diverged_ids(), R, R)
+
+
+def resume(run_dir: str, *, progress: bool | None = None) -> str:
+  """Continues the run in ``run_dir`` from its newest checkpoint.
+
+  Reads the run's ``config.json``, prepares it again (deterministic), restores
+  the newest checkpoint (:mod:`jsfl.checkpoint` says what it holds and why
+  that suffices), drops ``metrics.jsonl`` records of later rounds and trains
+  the remaining rounds into the same directory; the result equals an
+  uninterrupted run's bit for bit (except ``wall_s``) on the same machine
+  and versions.  Without a checkpoint the run starts again from round 0.  A
+  finished run is left as it is.
+
+  Args:
+    run_dir: a directory ``jsfl run`` wrote.
+    progress: overrides ``exec.progress`` (None: the run's own setting).
+
+  Raises:
+    ConfigError: ``run_dir`` is not a run directory, or its config is no
+      longer valid.
+    Stopped: as :func:`run`.
+  """
+  cfg, cells = read_run_config(run_dir, progress)
+  if finished(run_dir, cfg, cells):
+    R = cfg["run"]["rounds"]
+    print(f"jsfl: {run_dir} is finished ({R} of {R} rounds); nothing to resume",
+          file=sys.stderr)
+    return run_dir
+  return run(cfg, resume=run_dir, cells=cells)
