@@ -17,11 +17,11 @@ number of rounds completed); the last two are kept.  It holds:
 Why this suffices to continue bit-identically:
 
 * every PRNG key of a run is a pure function of the config: the per-seed keys
-  are ``key(seed)`` (``runner.make_seed_keys``) and round ``r``'s key is
-  ``fold_in(seed_key, r)`` (``runner.round_keys``), so nothing random is
+  are ``key(seed)`` (``jsfl.train.programs.make_seed_keys``) and round ``r``'s key is
+  ``fold_in(seed_key, r)`` (``jsfl.train.programs.round_keys``), so nothing random is
   carried between rounds outside the state;
 * the partitions, the synthetic data and ``train_subset`` draw from numpy
-  Generators seeded from the config inside ``runner.prepare``, which resume
+  Generators seeded from the config inside ``jsfl.train.experiment.prepare``, which resume
   runs again; no stateful generator (numpy, ``random``) lives on the loop's
   path;
 * whatever a method carries from round to round (optimiser state, label

@@ -143,9 +143,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "exec": {
         "client_exec": _f(str, "auto", "how the clients' portions run in one program; auto "
                           "= the measured default of the backend "
-                          "(runner.default_client_exec)", ("auto", "vmap", "map", "unroll")),
+                          "(jsfl.train.programs.default_client_exec)", ("auto", "vmap", "map", "unroll")),
         "seed_exec": _f(str, "auto", "how the seed axis runs in one program; auto = the "
-                        "measured default of the backend (runner.default_seed_exec)",
+                        "measured default of the backend (jsfl.train.programs.default_seed_exec)",
                         ("auto", "vmap", "map")),
         "server_unroll": _f(int, 1, "unroll factor of the server lax.scan",
                             range="[1, 1024]"),
@@ -156,7 +156,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "progress": _f(bool, True, "show a progress bar"),
         "max_slots": _f(int, 0, "jsfl sweep: most slots (runs) one compiled program "
                         "trains; 0 = as many as the device's memory holds (an estimate, "
-                        "runner.fitting_slots)", range="[0, 1000000]"),
+                        "jsfl.train.memory.fitting_slots)", range="[0, 1000000]"),
     },
 }
 
@@ -178,14 +178,21 @@ def _unknown(where: str, key: str, allowed) -> ConfigError:
 
 def parse_override(text: str) -> tuple[str, str, Any]:
   """``section.key=value`` -> (section, key, value); value parsed as TOML."""
-  if "=" not in text or "." not in text.split("=", 1)[0]:
-    raise ConfigError(f"override {text!r}: expected section.key=value, "
-                      f"e.g. method.order=cyclic")
+  def malformed(what: str) -> ConfigError:
+    return ConfigError(f"override {text!r} {what}; allowed: section.key=value "
+                       f"with section one of {', '.join(SCHEMA)} "
+                       f"(e.g. method.order=cyclic)")
+
+  if "=" not in text:
+    raise malformed("has no '='")
   lhs, raw = text.split("=", 1)
+  if "." not in lhs:
+    raise malformed(f"names no section ({lhs.strip()!r} has no '.')")
   section, key = lhs.strip().split(".", 1)
-  if not section.strip() or not key.strip():
-    raise ConfigError(f"override {text!r}: expected section.key=value, "
-                      f"e.g. method.order=cyclic")
+  if not section.strip():
+    raise malformed("names no section (nothing before the '.')")
+  if not key.strip():
+    raise malformed(f"names no key (nothing after {section.strip() + '.'!r})")
   try:
     value = tomllib.loads(f"v = {raw}")["v"]
   except tomllib.TOMLDecodeError:

@@ -123,6 +123,8 @@ CASES = [
     ("sweep_bad_base", ["sweep", "{bad_sweep.toml}"], "nowhere.toml"),
     ("override_malformed", ["run", "run.=3"], "run.=3"),
     ("override_no_section", ["run", "rounds=3"], "rounds=3"),
+    ("override_empty_section", ["run", ".rounds=2"], "'.rounds=2'"),
+    ("override_no_equals", ["run", *SYN, "run.rounds"], "'run.rounds'"),
     # 2. run directory problems
     ("run_dir_not_empty", ["run", *SYN, "run.dir={full}"], "not empty"),
     ("run_dir_is_file", ["run", *SYN, "run.dir={afile}"], "not a directory"),
@@ -142,6 +144,8 @@ CASES = [
      "train-images-idx3-ubyte"),
     ("partition_data_missing", ["partition", "fashion_mnist", "iid", "--data-dir",
                                 "/no/such/dir"], "/no/such/dir"),
+    ("partition_data_is_file", ["partition", "fashion_mnist", "iid", "--data-dir",
+                                "{afile}"], "afile"),
     ("partition_data_truncated", ["partition", "fashion_mnist", "iid", "--data-dir",
                                   "{fmnist_truncated}"], "train-images-idx3-ubyte"),
     ("input_too_small", ["run", *SYN, "dataset.input_shape=[1, 1, 1]"], "input"),
@@ -262,6 +266,24 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(argv, needle, inputs, t
   assert _fill(needle, inputs) in lines[0], lines[0]
   assert os.listdir(work) == []
   assert after == before
+
+
+# Errors about a malformed value say what is allowed, in the form every
+# option error uses: "<what is wrong>; allowed: <what would do>".
+ALLOWED_FORM = ["override_malformed", "override_no_section", "override_empty_section",
+                "override_no_equals", "data_dir_missing", "data_dir_is_file",
+                "partition_data_missing", "partition_data_is_file", "unknown_section",
+                "model_option_unknown"]
+
+
+@pytest.mark.parametrize("case", ALLOWED_FORM)
+def test_malformed_values_say_what_is_allowed(case, inputs, tmp_path, monkeypatch, capsys):
+  argv = next(c[1] for c in CASES if c[0] == case)
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(_argv(argv, inputs)) == 2
+  line = capsys.readouterr().err.strip()
+  what, sep, allowed = line.partition("; allowed: ")
+  assert sep and what.startswith("jsfl: error: ") and allowed.strip(), line
 
 
 def test_the_lock_refusal_names_the_holder(inputs, tmp_path, capsys):

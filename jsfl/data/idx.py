@@ -295,17 +295,17 @@ def _remedy(source: IdxSource, where: str) -> str:
 
 
 def _fixes(source: IdxSource, cache: pathlib.Path) -> str:
+  """What is allowed instead, as the ``...; allowed: ...`` tail of an error."""
   system = system_data_root() / source.debian_name
   if source.apt_package:
     sys_fix = (f"`apt-get install {source.apt_package}` (installs into "
                f"{system})")
   else:
-    sys_fix = f"put the files into {system}"
+    sys_fix = f"the files in {system}"
   files = ", ".join(f"{s}[.gz]" for s in IDX_FILES.values())
-  return (f"Fix it in one of three ways: (1) pass data_dir=... naming a "
-          f"directory holding {files}; (2) {sys_fix}; (3) allow the download "
-          f"(download=True, online) or put the files into the cache dir "
-          f"{cache} (cache_dir=... or $JSFL_DATA sets its root).")
+  return (f"allowed: data_dir=... naming a directory holding {files}; or "
+          f"{sys_fix}; or download=True (online), or the files in the cache dir "
+          f"{cache} (cache_dir=... or $JSFL_DATA sets its root)")
 
 
 def _download(source: IdxSource, cache: pathlib.Path, timeout: float,
@@ -383,11 +383,11 @@ def load_idx_dataset(name: str, *, data_dir=None, cache_dir=None,
     if not directory.is_dir():
       what = "is not a directory" if directory.exists() else "does not exist"
       raise DatasetNotFound(
-          f"data_dir={str(data_dir)!r} {what}. " + _fixes(source, cache))
+          f"data_dir={str(data_dir)!r} {what}; " + _fixes(source, cache))
     found, missing = find_idx_files(directory)
     if missing:
       raise DatasetNotFound(
-          f"data_dir={str(data_dir)!r} lacks {missing} for {name}. "
+          f"data_dir={str(data_dir)!r} lacks {missing} for {name}; "
           + _fixes(source, cache))
     return _load_dir(source, found, _remedy(source, "data_dir"))
   system = system_data_root() / source.debian_name
@@ -398,13 +398,13 @@ def load_idx_dataset(name: str, *, data_dir=None, cache_dir=None,
   # ``found`` is now the cache's partial set: only the rest is fetched.
   if not download:
     raise DatasetNotFound(
-        f"{name} not found in {system} nor in {cache}, and download=False. "
+        f"{name} not found in {system} nor in {cache}, and download=False; "
         + _fixes(source, cache))
   try:
     found = _download(source, cache,
                       DOWNLOAD_TIMEOUT_S if timeout is None else timeout, found)
   except OSError as e:
     raise DatasetNotFound(
-        f"{name} not found locally and the download failed ({e}). "
+        f"{name} not found locally and the download failed ({e}); "
         + _fixes(source, cache)) from e
   return _load_dir(source, found, _remedy(source, "cache"))

@@ -105,11 +105,11 @@ def _from_npz(path: pathlib.Path, name: str, label_mode: str
 
 
 def _fixes(name: str, npz: pathlib.Path) -> str:
-  return (f"Fix it in one of three ways: (1) pass data_dir=... naming a "
-          f"directory holding {name}.npz (arrays x_train, y_train, x_test, "
-          f"y_test) or a tensorflow-datasets data dir; (2) put {name}.npz at "
-          f"{npz}; (3) `pip install 'jsfl[tfds]'` and allow the download "
-          f"(download=True, online).")
+  """What is allowed instead, as the ``...; allowed: ...`` tail of an error."""
+  return (f"allowed: data_dir=... naming a directory holding {name}.npz (arrays "
+          f"x_train, y_train, x_test, y_test) or a tensorflow-datasets data dir; or "
+          f"{name}.npz at {npz}; or `pip install 'jsfl[tfds]'` and download=True "
+          f"(online)")
 
 
 def load_tfds_dataset(name: str, *, data_dir=None, cache_dir=None,
@@ -147,7 +147,7 @@ def load_tfds_dataset(name: str, *, data_dir=None, cache_dir=None,
     # A missing data_dir is fine: tensorflow-datasets may download into it.
     if directory.exists() and not directory.is_dir():
       raise DatasetNotFound(
-          f"data_dir={str(data_dir)!r} is not a directory. "
+          f"data_dir={str(data_dir)!r} is not a directory; "
           + _fixes(name, cache / name / f"{name}.npz"))
     npz = directory / f"{name}.npz"
   else:
@@ -158,7 +158,7 @@ def load_tfds_dataset(name: str, *, data_dir=None, cache_dir=None,
     tfds = importlib.import_module("tensorflow_datasets")
   except ImportError as e:
     raise DatasetNotFound(
-        f"{name}: no {npz} and tensorflow-datasets is not installed. "
+        f"{name}: no {npz} and tensorflow-datasets is not installed; "
         + _fixes(name, cache / name / f"{name}.npz")) from e
   tfds_dir = str(data_dir if data_dir is not None else cache / "tfds")
   label_key = "coarse_label" if num_classes == 20 else "label"
