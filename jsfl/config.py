@@ -51,8 +51,8 @@ class ConfigError(UserError, ValueError):
   cell: str | None = None  # the cell of a program of several, when one is to blame
 
 
-def _f(typ, default, help_, choices=None, range=None, batchable=False):
-  return Option(typ, default, help_, choices, range, batchable)
+def _f(typ, default, help_, choices=None, range=None, batchable=False, item=None):
+  return Option(typ, default, help_, choices, range, batchable, item)
 
 
 # Sections whose extra keys are forwarded as options (validated by the owner:
@@ -81,6 +81,17 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "ends after that round. Either way summary.json names it "
                             "and jsfl run exits with status 2",
                             ("stop_seed", "stop_run")),
+        "divergence_loss": _f(float, 1e4, "a seed whose mean training loss of a round "
+                              "exceeds this has diverged too, as if it were non-finite "
+                              "(cross-entropy at chance is ln(classes), 2.3 for 10); "
+                              "0 = only non-finite values count", range="[0, inf)"),
+        "trackers": _f(list, [], "experiment trackers written beside metrics.jsonl, one "
+                       "tracker run per seed (and cell); a missing package or a failing "
+                       "tracker is one warning line (docs/trackers.md)",
+                       ("tensorboard", "wandb", "mlflow"), item=str),
+        "profile": _f(list, [], "[first, last]: trace rounds first..last (1-based) with "
+                      "the JAX profiler into RUN_DIR/profile (XProf, TensorBoard, "
+                      "Perfetto); [] = off", range="[1, inf)", item=int),
     },
     "dataset": {
         "name": _f(str, "fashion_mnist", "dataset",
@@ -143,9 +154,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "exec": {
         "client_exec": _f(str, "auto", "how the clients' portions run in one program; auto "
                           "= the measured default of the backend "
-                          "(jsfl.train.programs.default_client_exec)", ("auto", "vmap", "map", "unroll")),
+                          "(jsfl.train.programs.default_client_exec)",
+                          ("auto", "vmap", "map", "unroll")),
         "seed_exec": _f(str, "auto", "how the seed axis runs in one program; auto = the "
-                        "measured default of the backend (jsfl.train.programs.default_seed_exec)",
+                        "measured default of the backend "
+                        "(jsfl.train.programs.default_seed_exec)",
                         ("auto", "vmap", "map")),
         "server_unroll": _f(int, 1, "unroll factor of the server lax.scan",
                             range="[1, 1024]"),
@@ -154,6 +167,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "eval_batch": _f(int, 1000, "test samples per evaluation chunk",
                          range="[1, 1000000]"),
         "progress": _f(bool, True, "show a progress bar"),
+        "compile_cache": _f(str, "auto", "persistent XLA compilation cache: auto = "
+                            "$JSFL_COMPILE_CACHE, else $XDG_CACHE_HOME/jsfl/xla (~/.cache/"
+                            "jsfl/xla); off; or a directory"),
         "max_slots": _f(int, 0, "jsfl sweep: most slots (runs) one compiled program "
                         "trains; 0 = as many as the device's memory holds (an estimate, "
                         "jsfl.train.memory.fitting_slots)", range="[0, 1000000]"),
@@ -162,7 +178,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
 
 
 def defaults() -> dict[str, dict[str, Any]]:
-  return {s: {k: v.default for k, v in fields.items()} for s, fields in SCHEMA.items()}
+  # list defaults are copied: a config is edited in place while it is resolved
+  return {s: {k: list(v.default) if isinstance(v.default, list) else v.default
+              for k, v in fields.items()} for s, fields in SCHEMA.items()}
 
 
 def _check_value(where: str, value, field: Option):
@@ -328,6 +346,12 @@ def _check_ranges(cfg):
     raise ConfigError(f"method.batches_per_turn={me['batches_per_turn']!r} with "
                       f"method.order_rule={me['order_rule']!r}; allowed: 1, or "
                       "order_rule = 'authors' (the steps rule serves one batch per step)")
+  prof, R = cfg["run"]["profile"], cfg["run"]["rounds"]
+  if prof and not (len(prof) == 2 and prof[0] <= prof[1] <= R):
+    raise ConfigError(f"run.profile={prof!r}; allowed: [] or [first, last] with "
+                      f"1 <= first <= last <= run.rounds={R}")
+  if len(set(cfg["run"]["trackers"])) != len(cfg["run"]["trackers"]):
+    raise ConfigError(f"run.trackers={cfg['run']['trackers']!r}; allowed: each tracker once")
   seed, seeds = cfg["run"]["seed"], cfg["run"]["seeds"]
   if seed + seeds - 1 > INT32_MAX:
     raise ConfigError(f"run.seed={seed!r} with run.seeds={seeds}; allowed: run.seed + "
@@ -381,8 +405,11 @@ def _method_options_reference() -> list[str]:
 def _reference_row(key: str, opt: Option) -> str:
   if opt.choices:
     ok = ", ".join(f"`{c!r}`" for c in opt.choices)
+    ok = f"items of {ok}" if opt.type is list else ok
   elif opt.type in (int, float) and opt.range:
     ok = f"`{opt.range}`"
+  elif opt.type is list and opt.range:
+    ok = f"items in `{opt.range}`"
   else:
     ok = ""
   batch = "yes" if opt.batchable else ""

@@ -31,6 +31,10 @@ class Option(NamedTuple):
   interval such as ``"[0, 1)"`` or ``"(0, inf)"`` for ints and floats, or
   None for any finite value (ints are always within int32).
 
+  ``item``: for ``type = list``, the type of its items; ``choices`` and
+  ``range`` then constrain every item (a list option is never batchable).
+  A list of strings may also be given as one comma-separated string.
+
   ``batchable``: the value is a scalar that only enters the round's
   arithmetic (a learning rate, a loss weight, a temperature), so it reaches
   the round as a traced per-slot value and runs that differ in it share one
@@ -47,6 +51,7 @@ class Option(NamedTuple):
   choices: tuple | None = None
   range: str | None = None
   batchable: bool = False
+  item: Any = None  # a type (the field ``type`` shadows the builtin here)
 
 
 def _bounds(spec: str):
@@ -71,11 +76,16 @@ def _num(x: float, typ) -> str:
 
 
 def type_name(t) -> str:
-  return {int: "an int", float: "a float", str: "a string", bool: "true/false"}[t]
+  return {int: "an int", float: "a float", str: "a string", bool: "true/false",
+          list: "a list"}[t]
 
 
 def allowed(opt: Option) -> str:
   """What is allowed, as the error messages and the docs say it."""
+  if opt.type is list:
+    if opt.choices is not None:
+      return "a list of " + ", ".join(map(repr, opt.choices))
+    return f"a list, each item {allowed(opt._replace(type=opt.item or str, item=None))}"
   if opt.choices is not None:
     return ", ".join(map(repr, opt.choices))
   if opt.type in (int, float):
@@ -93,6 +103,18 @@ def check(where: str, value, opt: Option, error=ValueError):
   """``value`` if ``opt`` allows it (ints widened to floats where a float is
   asked for), else raises ``error`` with one line naming ``where``."""
   typ = opt.type
+  if typ is list:
+    if isinstance(value, str) and opt.item in (str, None):  # "a,b" from a command line
+      value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list):
+      raise error(f"{where}={value!r}: wrong type; allowed: {allowed(opt)}")
+    scalar = opt._replace(type=opt.item or str, item=None)
+    for v in value:
+      try:
+        check(where, v, scalar, error)
+      except error:
+        raise error(f"{where}={value!r} (item {v!r}); allowed: {allowed(opt)}") from None
+    return [v if opt.item is not float else float(v) for v in value]
   if typ is float and isinstance(value, int) and not isinstance(value, bool):
     value = float(value)
   if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):

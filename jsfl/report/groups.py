@@ -16,7 +16,11 @@ from jsfl.statistics import (
 # Config fields that say how or where a run ran, not what it computed: they
 # never split runs into groups (exec.* and the conv lowerings change speed,
 # not the math; run.seed/seeds are what pooling merges).
+# Fields that do not change what a healthy run computes (where it writes, how
+# it is watched, when a failing seed is stopped), so runs that differ only in
+# them, or predate them, are one group.
 IGNORED_FIELDS = frozenset({"run.name", "run.out_dir", "run.dir", "run.seed", "run.seeds",
+                            "run.trackers", "run.profile", "run.divergence_loss",
                             "dataset.data_dir", "dataset.download", "model.conv_impl",
                             "model.depthwise_impl"})
 IGNORED_SECTIONS = ("exec",)
