@@ -200,6 +200,41 @@ def _quiet_writer_threads():
       sys.stderr.flush()
 
 
+@contextlib.contextmanager
+def _quiet_restore(broken: list):
+  """Keeps the noise of a checkpoint that does not restore off the terminal:
+  orbax logs the failure through absl (ERROR, with tracebacks) and
+  tensorstore prints its own errors to file descriptor 2, past
+  ``sys.stderr``; jsfl's own line (:meth:`Checkpointer.restore`) says what
+  they say.  File descriptor 2 goes to a temporary file during the restore;
+  when a checkpoint failed (``broken`` not empty) the capture is dropped,
+  otherwise it is replayed."""
+  loggers = [logging.getLogger(n) for n in ("absl", "orbax", "asyncio")]
+  levels = [lg.level for lg in loggers]
+  for lg in loggers:
+    lg.setLevel(logging.CRITICAL)
+  sys.stderr.flush()
+  saved = os.dup(2)
+  capture = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
+  os.dup2(capture.fileno(), 2)
+  try:
+    yield
+  finally:
+    if broken:
+      _wait_until_quiet(capture)
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    for lg, level in zip(loggers, levels, strict=True):
+      lg.setLevel(level)
+    capture.seek(0)
+    rest = capture.read().decode("utf-8", "replace")
+    capture.close()
+    if rest and not broken:
+      sys.stderr.write(rest)
+      sys.stderr.flush()
+
+
 def _wait_until_quiet(capture, settle: float = 0.2, limit: float = 2.0) -> None:
   """Until ``capture`` stopped growing for ``settle`` seconds (at most ``limit``)."""
   start = last_change = time.monotonic()
@@ -273,6 +308,19 @@ def read(directory: str, round_: int | None = None) -> tuple[dict, list[np.ndarr
       mngr.close()
   names = _leaf_names(len(got["host"]["paths"]))
   return got["host"], [np.asarray(got["state"][n]) for n in names]
+
+
+class _OrbaxLogs(logging.Filter):
+  """Drops orbax's absl log lines (ERROR included): orbax logs the problems
+  it then raises or steps around (a metadata file it cannot read, a failed
+  write), and jsfl reports each of those itself, in one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "orbax" not in record.pathname
+
+
+_ORBAX_LOGS = _OrbaxLogs()
+logging.getLogger("absl").addFilter(_ORBAX_LOGS)  # every orbax call here goes through it
 
 
 class Checkpointer:
@@ -359,31 +407,20 @@ class Checkpointer:
       CheckpointError: a checkpoint of another structure or seeds than the
         run's config builds, or none restores.
     """
-    import orbax.checkpoint as ocp
     steps = sorted(self._mngr.all_steps(), reverse=True)
     if not steps:
       return None
     leaves, treedef = jax.tree.flatten(template)
     abstract = dict(zip(_leaf_names(len(leaves)), map(_abstract, leaves), strict=True))
-    broken = []
-    for step in steps:
-      where = f"{self.directory}/{step}"
-      try:
-        host = self._mngr.restore(step, args=ocp.args.Composite(
-            host=ocp.args.JsonRestore()))["host"]
-        if not isinstance(host, dict) or "paths" not in host:
-          raise ValueError("its host record is not a jsfl checkpoint record")
-      except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the one before
-        broken.append((step, _reason(e)))
-        continue
-      check_matches(host, template, seeds, where)
-      try:
-        got = self._mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
-        restored = [got["state"][name] for name in _leaf_names(len(leaves))]
-      except Exception as e:  # noqa: BLE001 - as above
-        broken.append((step, _reason(e)))
-        continue
+    broken: list[tuple[int, str]] = []
+    found = None
+    with _quiet_restore(broken):
+      for step in steps:
+        found = self._restore_step(step, template, seeds, abstract, len(leaves), broken)
+        if found is not None:
+          break
+    if found is not None:
+      step, host, restored = found
       for bad, why in broken:
         if warn is not None:
           warn(f"checkpoint {self.directory}/{bad} does not restore ({why}); "
@@ -400,6 +437,27 @@ class Checkpointer:
         + "; ".join(f"{s}: {why}" for s, why in broken)
         + f"); allowed: an intact checkpoint, or remove {self.directory} to start "
         "the run again from round 0")
+
+  def _restore_step(self, step, template, seeds, abstract, n, broken):
+    """``(step, host record, leaves)`` of checkpoint ``step``, or None (and
+    the reason appended to ``broken``) if it does not restore."""
+    import orbax.checkpoint as ocp
+    try:
+      host = self._mngr.restore(step, args=ocp.args.Composite(
+          host=ocp.args.JsonRestore()))["host"]
+      if not isinstance(host, dict) or "paths" not in host:
+        raise ValueError("its host record is not a jsfl checkpoint record")
+    except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the one before
+      broken.append((step, _reason(e)))
+      return None
+    check_matches(host, template, seeds, f"{self.directory}/{step}")
+    try:
+      got = self._mngr.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+      return step, host, [got["state"][name] for name in _leaf_names(n)]
+    except Exception as e:  # noqa: BLE001 - as above
+      broken.append((step, _reason(e)))
+      return None
 
   def close(self) -> None:
     self._mngr.close()

@@ -232,6 +232,40 @@ def test_a_huge_learning_rate_is_caught_not_logged_as_a_result(tmp_path, capsys)
   assert os.path.getsize(f"{out}/metrics.jsonl") == 0
 
 
+# lr = 100 on the tiny synthetic model: round 1's training loss is ~1e10 but
+# finite (accuracy at chance), round 2's is NaN.
+@pytest.mark.parametrize("lr, limit, first_recorded", [
+    (100.0, None, 0),     # the default bound catches round 1
+    (100.0, 0.0, 1),      # the bound off: round 1 is a "result", round 2 non-finite
+    (0.05, 1e-3, 0),      # a healthy loss above a bound set that low
+])
+def test_an_exploding_but_finite_loss_is_divergence_too(tmp_path, capsys, lr, limit,
+                                                         first_recorded):
+  out = str(tmp_path / "r")
+  extra = [] if limit is None else [f"run.divergence_loss={limit}"]
+  assert cli.main(["run", *SYN, f"optim.lr={lr}", "run.rounds=2",
+                   f"run.dir={out}", "--quiet", *extra]) == 2
+  line = _one_error_line(capsys)
+  at = first_recorded + 1
+  assert f"training diverged: seed 0 at round {at} (" in line
+  assert "run.divergence_loss=" in line
+  summ = json.loads(_read(f"{out}/summary.json"))
+  assert summ["diverged"] == [{"seed": 0, "round": at}]
+  recs = rundir.read_metrics(f"{out}/metrics.jsonl")
+  assert [r["round"] for r in recs] == [1] * first_recorded
+  assert all(np.isfinite(r["train_loss"]) and r["train_loss"] > 1e4 for r in recs)
+
+
+def test_the_divergence_warning_names_the_exploded_loss(tmp_path, capsys):
+  """With progress on, the round's warning says why: the loss and the bound."""
+  out = str(tmp_path / "r")
+  assert cli.main(["run", *SYN, "optim.lr=100", "run.rounds=1", f"run.dir={out}",
+                   "exec.progress=true"]) == 2
+  err = capsys.readouterr().err
+  assert "diverged at round 1 (training loss" in err and "above run.divergence_loss=10000" \
+      in err, err
+
+
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_resumable(
     tmp_path, monkeypatch, capsys, runs):
   import orbax.checkpoint as ocp
@@ -332,3 +366,43 @@ def test_file_descriptor_2_is_replayed_after_a_save(tmp_path):
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                         timeout=120, check=False)
   assert proc.returncode == 0 and proc.stderr == "kept\nafter\n"
+
+
+def _truncate_arrays(step_dir):
+  """Cuts every array data file of the checkpoint to half its length."""
+  for base, _, files in os.walk(os.path.join(step_dir, "state")):
+    for n in files:
+      if "/d" in base.replace(step_dir, ""):  # ocdbt data files
+        p = os.path.join(base, n)
+        with open(p, "r+b") as f:
+          f.truncate(os.path.getsize(p) // 2)
+
+
+def _garbage_metadata(step_dir):
+  for p in (os.path.join(step_dir, "_CHECKPOINT_METADATA"),
+            os.path.join(step_dir, "state", "_METADATA")):
+    with open(p, "wb") as f:
+      f.write(b"\x00garbage{\xff")
+
+
+# A damaged newest checkpoint, resumed in a fresh process: stderr holds only
+# jsfl's own lines, every time (orbax's absl errors and tensorstore's
+# tracebacks stay off it).  CI runs each case once; JSFL_FAULT_REPEATS=20
+# repeats it as often as asked.
+@pytest.mark.parametrize("damage", [_truncate_arrays, _garbage_metadata],
+                         ids=["truncated_arrays", "garbage_metadata"])
+def test_a_damaged_checkpoint_prints_only_jsfl_lines_every_time(runs, tmp_path, damage):
+  repeats = int(os.environ.get("JSFL_FAULT_REPEATS", "1"))
+  for i in range(repeats):
+    out = str(tmp_path / f"run{i}")
+    shutil.copytree(runs["four"], out)
+    _edit_config(out, run__rounds=5)
+    damage(f"{out}/checkpoints/4")
+    proc = subprocess.run([sys.executable, "-m", "jsfl", "run", "--resume", out, "--quiet"],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "JSFL_COMPILE_CACHE": "off"})
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 0, proc.stderr
+    assert lines and all(line.startswith("jsfl: ") for line in lines), proc.stderr
+    assert any(f"checkpoint {out}/checkpoints/4 does not restore" in line for line in lines)
+    assert _records(out) == _records(runs["six"])[:len(_records(out))]

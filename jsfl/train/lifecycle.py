@@ -84,7 +84,8 @@ def diverged_error(cfg: dict, out: str, diverged: dict, at: int, R: int) -> Dive
   ended = (f"the run stopped after round {at}" if at < R
            else f"the other seeds ran to round {R}")
   return Diverged(
-      f"training diverged: {which} (non-finite loss or parameters; optim.lr={o['lr']!r}"
+      f"training diverged: {which} (non-finite loss or parameters, or a training loss above "
+      f"run.divergence_loss={cfg['run']['divergence_loss']:g}; optim.lr={o['lr']!r}"
       f"{', momentum=' + repr(o['momentum']) if o['momentum'] else ''}); {ended}; those "
       f"seeds are marked in {out}/summary.json; allowed: a smaller optim.lr or a "
       "stabler method option", diverged, out)

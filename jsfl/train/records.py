@@ -168,19 +168,28 @@ class Tally:
             for i in range(len(self.ids))]
 
   def note_divergence(self, cfg, m, r, warn_now: bool) -> bool:
-    """Marks slots whose round was not finite; True if the run must stop.
+    """Marks slots whose round was not finite, or whose training loss
+    exceeded ``run.divergence_loss`` (an exploding but finite loss is the
+    same failure a step or two earlier); True if the run must stop.
 
     A program of several cells stops only when every slot has diverged: one
     cell's divergence must not end the others' runs (the sweep applies each
     cell's ``run.on_divergence`` to its own records when it splits them).
     """
-    newly = [i for i, ok in enumerate(np.asarray(m["finite"])) if not ok
+    finite, loss = np.asarray(m["finite"]), np.asarray(m["loss"], np.float64)
+    limit = cfg["run"]["divergence_loss"]
+    exploded = (loss > limit) if limit > 0 else np.zeros_like(finite)
+    newly = [i for i in range(len(self.ids)) if (not finite[i] or exploded[i])
              and i not in self.diverged]
     self.diverged.update({i: r + 1 for i in newly})
     if newly and warn_now:
       names = [slot_name(*self.ids[i]) for i in newly]
+      why = ("non-finite loss or parameters" if not all(exploded[i] and finite[i]
+                                                        for i in newly)
+             else f"training loss {max(loss[i] for i in newly):.3g} above "
+                  f"run.divergence_loss={limit:g}")
       warn(f"seed{'s' * (len(newly) > 1)} {', '.join(names)} diverged at "
-           f"round {r + 1} (non-finite loss or parameters); "
+           f"round {r + 1} ({why}); "
            + ("stopping the run" if cfg["run"]["on_divergence"] == "stop_run"
               and not self.several else "its later rounds are not recorded"))
     every = len(self.diverged) == len(self.ids)
