@@ -165,6 +165,14 @@ def _parser() -> argparse.ArgumentParser:
                  help="cells under DIR/NAME/ instead of the file's sweep.out_dir (e.g. "
                  "a paper folder's results/ to list or collect its committed cells)")
   w.add_argument("--quiet", action="store_true", help="no progress bars")
+  i = sub.add_parser("info", help="backend, devices, versions; how a config would run here",
+                     description="Print the backend, devices and their memory, versions "
+                     "and the compilation cache; with a config (and overrides), the "
+                     "exec choices 'auto' resolves to on this machine.\n\n"
+                     "  jsfl info\n  jsfl info experiments/hydra/fmnist.toml run.seeds=8",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  i.add_argument("config", nargs="?", default=None, help="TOML config (optional)")
+  i.add_argument("overrides", nargs="*", help="section.key=value overrides")
   sub.add_parser("config-reference", help="print the config reference (markdown)")
   return p
 
@@ -345,6 +353,19 @@ def cmd_plot(args) -> int:
   return 0
 
 
+def cmd_info(args) -> int:
+  from jsfl import config as config_lib
+  if args.config and "=" in args.config and not os.path.exists(args.config):
+    args.overrides.insert(0, args.config)
+    args.config = None
+  cfg = None
+  if args.config or args.overrides:
+    cfg = config_lib.load_config(args.config, args.overrides)
+  from jsfl.train.info import info
+  print(info(cfg))
+  return 0
+
+
 def cmd_sweep(args) -> int:
   from jsfl import config as config_lib
   from jsfl import sweep
@@ -393,12 +414,14 @@ def _dispatch(argv=None) -> int:
   # key=value pairs may follow --flags; argparse alone would reject them there.
   args, extra = parser.parse_known_args(argv)
   bad = [e for e in extra if "=" not in e or e.startswith("-")]
-  if bad or (extra and args.command not in ("run", "partition")):
+  if bad or (extra and args.command not in ("run", "partition", "info")):
     parser.error(f"unrecognized arguments: {' '.join(bad or extra)}")
   if args.command == "run":
     args.overrides = list(args.overrides) + extra
   elif args.command == "partition":
     args.options = list(args.options) + extra
+  elif args.command == "info":
+    args.overrides = list(args.overrides) + extra
   if args.command == "run":
     return cmd_run(args)
   if args.command == "partition":
@@ -409,6 +432,8 @@ def _dispatch(argv=None) -> int:
     return cmd_plot(args)
   if args.command == "sweep":
     return cmd_sweep(args)
+  if args.command == "info":
+    return cmd_info(args)
   if args.command == "config-reference":
     from jsfl.config import markdown_reference
     print(markdown_reference())

@@ -3,6 +3,9 @@
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+# Tests compile what they test; the persistent cache has its own test
+# (test_observe.py) with its own directory.
+os.environ.setdefault("JSFL_COMPILE_CACHE", "off")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -84,7 +84,12 @@ def split_batch(unit: Unit) -> list[str]:
                                                     cell.name))
     art = os.path.join(src, train.CELL_ARTIFACTS, cell.name)
     for n in sorted(os.listdir(art)) if os.path.isdir(art) else ():
-      shutil.copyfile(os.path.join(art, n), os.path.join(tmp, n))
+      if os.path.isdir(os.path.join(art, n)):  # the cell's tracker files
+        shutil.copytree(os.path.join(art, n), os.path.join(tmp, n))
+      else:
+        shutil.copyfile(os.path.join(art, n), os.path.join(tmp, n))
+    if os.path.isdir(os.path.join(src, train.PROFILE_DIR)):  # one trace of all the cells
+      shutil.copytree(os.path.join(src, train.PROFILE_DIR), os.path.join(tmp, train.PROFILE_DIR))
     mine = [line for c, line in lines if c == cell.name]
     if diverged and cell.cfg["run"]["on_divergence"] == "stop_run":
       stop = min(diverged.values())  # where a run of this cell alone would have stopped

@@ -9,13 +9,17 @@
   ``summary.json``;
 * :mod:`~jsfl.train.lifecycle`: run files, signals, divergence, resume;
 * :mod:`~jsfl.train.memory`: how many slots fit on a device;
-* :mod:`~jsfl.train.evaluate`: whole-test-set evaluation.
+* :mod:`~jsfl.train.evaluate`: whole-test-set evaluation;
+* :mod:`~jsfl.train.observe`: experiment trackers and the profiler;
+* :mod:`~jsfl.train.compile_cache`: the persistent XLA compilation cache;
+* :mod:`~jsfl.train.info`: what ``jsfl info`` prints.
 """
 
 from jsfl.train.experiment import Experiment, Slot, make_setup, prepare, setup_from
 from jsfl.train.lifecycle import CELL_ARTIFACTS, Stopped
 from jsfl.train.loop import resume, run
+from jsfl.train.observe import PROFILE_DIR
 from jsfl.train.records import summary
 
-__all__ = ["CELL_ARTIFACTS", "Experiment", "Slot", "Stopped", "make_setup", "prepare",
-           "resume", "run", "setup_from", "summary"]
+__all__ = ["CELL_ARTIFACTS", "PROFILE_DIR", "Experiment", "Slot", "Stopped", "make_setup",
+           "prepare", "resume", "run", "setup_from", "summary"]

@@ -21,6 +21,7 @@ from jsfl.methods.catalog import get_method
 from jsfl.models import get_model, layers
 from jsfl.models.base import model_factory
 from jsfl.partitions import dominant_labels, index_table, label_counts, make_partition
+from jsfl.train import compile_cache
 from jsfl.train.programs import default_client_exec
 
 
@@ -86,6 +87,8 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
     ValueError: cells whose static parts differ (a caller's bug).
   """
   ds_cfg, x_cfg = cfg["dataset"], cfg["exec"]
+  # before anything compiles: JAX fixes whether a process uses the cache then
+  compile_cache.enable(x_cfg["compile_cache"])
   cell_list: list[tuple[str | None, dict]] = ([(None, cfg)] if cells is None
                                               else list(cells))
   for name, c in cell_list:

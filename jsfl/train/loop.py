@@ -31,7 +31,9 @@ from jsfl.train.lifecycle import (
   read_run_config,
   write_run_files,
 )
+from jsfl.train.observe import Profile, make_trackers
 from jsfl.train.programs import (
+  commit,
   make_seed_keys,
   place,
   round_keys,
@@ -107,7 +109,7 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
       exp.dataset.x_test, exp.dataset.y_test, cfg["exec"]["eval_batch"]))
   seed_keys, slot, shared, test = place(mesh, make_seed_keys(exp.seeds), slot, shared, test)
   _, _, mean, std = shared
-  state = init(seed_keys)
+  state = commit(init(seed_keys), mesh)
   R, every, ckpt_every = (cfg["run"][k] for k in ("rounds", "eval_every", "checkpoint_every"))
   ckpt = checkpoint.Checkpointer(os.path.join(out, "checkpoints"))
   t = Tally(exp)
@@ -115,9 +117,12 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
     state = t.restore(cfg, out, ckpt, state, writes)
   writer = rundir.MetricsWriter(f"{out}/metrics.jsonl") if writes else rundir.NullWriter()
   bar = Progress(R, cfg["exec"]["progress"] and writes)
+  trackers = make_trackers(cfg, exp, out, t.start, writes)
+  profile = Profile(cfg["run"]["profile"], out, writes)
   stop = StopSignals()
   try:
     for r in range(t.start, R):
+      profile.before(r)
       t0 = time.perf_counter()
       state, m = rnd(state, slot, round_keys(seed_keys, r), shared)
       m = jax.device_get(m)
@@ -127,10 +132,13 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
       acc = None
       if (r + 1) % every == 0 or r + 1 == R or stopping:
         e = jax.device_get(ev(state, test, mean, std))
+        n = len(t.records)
         acc = t.record(cfg, exp, state, m, e, r, wall, traffic, writer)
         if writes:
           rundir.write_json_atomic(f"{out}/summary.json",
                                    summary(cfg, t.records, t.diverged_ids()))
+          trackers.log(t.records[n:])
+      profile.after(r)
       bar.update(r + 1, acc, float(np.sum(m["samples"])) / wall, final=r + 1 == R)
       stop.agree()  # every host stops after the same round
       if stopping:  # no checkpoint of a broken state
@@ -145,6 +153,8 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
                 file=sys.stderr, flush=True)
         raise Stopped(stop.signum, r + 1, out)
   finally:
+    profile.stop()
+    trackers.close()
     writer.close()
     ckpt.close()
     stop.restore()

@@ -161,6 +161,17 @@ def place(mesh, seed_keys, slot, shared, test):
           sharding.put(shared, rep), sharding.put(test, rep))
 
 
+def commit(state, mesh):
+  """``state`` committed to its device, as a restored checkpoint's arrays
+  are: jit lowers committed and uncommitted inputs to different programs,
+  so a new run and its resume share one round program (and its entry in the
+  compilation cache) only if both start from committed arrays.  A mesh's
+  arrays are committed already (:func:`place`)."""
+  if not sharding.is_trivial(mesh):
+    return state
+  return jax.device_put(state, jax.local_devices()[0])
+
+
 def make_seed_keys(seeds):
   """One PRNG key per slot (seed s -> key(s)), stacked on the slot axis."""
   return jax.random.wrap_key_data(

@@ -1,0 +1,54 @@
+"""The persistent XLA compilation cache (``exec.compile_cache``).
+
+Compiled programs are keyed by XLA on the program, the devices and the
+versions; a second start of the same config, a ``--resume`` and every
+program of a sweep that another run compiled before skip compilation and
+load the executable from disk (``docs/speed.md`` has the measured times).
+
+Where: ``exec.compile_cache`` = ``auto`` takes ``$JSFL_COMPILE_CACHE`` if set,
+else ``$XDG_CACHE_HOME/jsfl/xla`` (``~/.cache/jsfl/xla``); ``off`` (or the
+variable set to ``off``) disables it; any other value is the directory.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+# Programs that compile faster than this are not worth a disk entry; the
+# rounds, evaluations and initialisations of a run all take longer.
+MIN_COMPILE_S = 0.2
+
+
+def cache_dir(setting: str = "auto") -> str | None:
+  """The directory ``setting`` names, or None when the cache is off."""
+  if setting == "auto":
+    setting = os.environ.get("JSFL_COMPILE_CACHE", "auto")
+  if setting == "off":
+    return None
+  if setting == "auto" or not setting:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "jsfl", "xla")
+  return os.path.abspath(os.path.expanduser(setting))
+
+
+def enable(setting: str = "auto") -> str | None:
+  """Points JAX's persistent cache at ``cache_dir(setting)`` (None: off).
+
+  JAX decides once per process, at its first compilation, whether the cache
+  is used; a process that already compiled with another setting keeps it.
+  An unwritable directory costs JAX a warning, never the run.
+  """
+  path = cache_dir(setting)
+  current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+  if path == current or (path is None and not current):
+    return path
+  if path is not None:
+    try:
+      os.makedirs(path, exist_ok=True)
+    except OSError:
+      return None
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
+  return path

@@ -1,0 +1,103 @@
+"""``jsfl info``: what this machine gives a run, and how a config would run.
+
+Backend, devices and their memory, versions, the compilation cache, and for
+a config the choices ``auto`` resolves to (client and seed execution, the
+device mesh, conv lowering), without loading its data.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+
+from jsfl.core import sharding
+from jsfl.models import layers
+from jsfl.train import compile_cache
+from jsfl.train.lifecycle import versions
+from jsfl.train.programs import default_client_exec, default_seed_exec
+
+
+def _gib(n) -> str:
+  return f"{n / 2**30:.1f} GiB"
+
+
+def _host_memory() -> int | None:
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def _device_line(d) -> str:
+  stats = None
+  try:
+    stats = d.memory_stats()
+  except Exception:  # noqa: BLE001 - not every backend reports memory
+    stats = None
+  limit = (stats or {}).get("bytes_limit")
+  mem = _gib(limit) if limit else "memory not reported (host memory)"
+  return f"  {d.id}: {d.platform} {getattr(d, 'device_kind', '?')}, {mem}"
+
+
+def machine_lines() -> list[str]:
+  v = versions()
+  import jaxlib
+  import orbax.checkpoint as ocp
+  devs = jax.devices()
+  host = _host_memory()
+  lines = [
+      f"jsfl {v['jsfl']}  jax {v['jax']}  jaxlib {jaxlib.__version__}  flax {v['flax']}  "
+      f"optax {v['optax']}  orbax-checkpoint {getattr(ocp, '__version__', '?')}  "
+      f"python {v['python']}",
+      f"backend: {jax.default_backend()}  ({jax.device_count()} device"
+      f"{'s' * (jax.device_count() > 1)}, {jax.process_count()} process"
+      f"{'es' * (jax.process_count() > 1)})",
+      *[_device_line(d) for d in devs],
+      f"host: {os.cpu_count()} CPU cores" + (f", {_gib(host)} memory" if host else ""),
+      f"compile cache: {compile_cache.cache_dir() or 'off'}",
+  ]
+  if jax.default_backend() == "cpu":
+    lines.append("  no accelerator in use: for a GPU install jsfl[cuda12] or jsfl[cuda13] "
+                 "(README, 'On a GPU')")
+  return lines
+
+
+def config_lines(cfg: dict) -> list[str]:
+  """How ``cfg`` would run here: the exec choices ``auto`` resolves to."""
+  x, me = cfg["exec"], cfg["method"]
+  per_round = me["clients_per_round"] or cfg["partition"]["num_clients"]
+  seeds = cfg["run"]["seeds"]
+  client = default_client_exec(per_round) if x["client_exec"] == "auto" else x["client_exec"]
+  seed = default_seed_exec() if x["seed_exec"] == "auto" else x["seed_exec"]
+  try:
+    mesh = sharding.mesh_shape(x["mesh"], jax.device_count(), seeds, per_round)
+    mesh_text = f"seeds={mesh[0]}, clients={mesh[1]}"
+  except ValueError as e:
+    mesh_text = f"invalid here ({e})"
+  conv = cfg["model"]["conv_impl"]
+  dw = cfg["model"]["depthwise_impl"]
+  return [
+      f"config: {cfg['method']['name']} on {cfg['dataset']['name']}, "
+      f"{cfg['model']['name']}, {cfg['partition']['num_clients']} clients "
+      f"({per_round} per round), {seeds} seed{'s' * (seeds > 1)}, "
+      f"{cfg['run']['rounds']} rounds",
+      f"  exec.client_exec = {x['client_exec']} -> {client}",
+      f"  exec.seed_exec = {x['seed_exec']} -> {seed}",
+      f"  exec.mesh = {x['mesh']} -> {mesh_text}",
+      f"  model.conv_impl = {conv} -> {layers.default_conv_impl() if conv == 'auto' else conv}",
+      f"  model.depthwise_impl = {dw} -> "
+      f"{layers.default_depthwise_impl() if dw == 'auto' else dw}",
+      f"  exec.compile_cache = {x['compile_cache']} -> "
+      f"{compile_cache.cache_dir(x['compile_cache']) or 'off'}",
+  ]
+
+
+def info(cfg: dict | None = None) -> str:
+  lines = machine_lines() + (config_lines(cfg) if cfg is not None else [])
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  sys.stdout.write(info() + "\n")

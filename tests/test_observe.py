@@ -1,0 +1,223 @@
+"""Trackers, the profiler, the compilation cache and ``jsfl info``: what a
+run writes for the tools outside it, read back with each tool's own reader."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from jsfl import cli, rundir, trackers
+
+SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_classes=4",
+       "dataset.train_size=160", "dataset.test_size=40", "model.width=4", "model.hidden=16",
+       "partition.num_clients=4", "method.batch_size=16", "exec.progress=false"]
+
+
+def _accuracy(out, seed):
+  return [(r["round"], r["accuracy"]) for r in rundir.read_metrics(f"{out}/metrics.jsonl")
+          if r["seed"] == seed]
+
+
+def _same(got, want):
+  """(step, value) pairs: equal steps, values equal to float32 precision."""
+  assert [s for s, _ in got] == [s for s, _ in want]
+  assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+  """A 3-round, 2-seed run with every tracker on."""
+  pytest.importorskip("tensorboard")
+  pytest.importorskip("mlflow")
+  pytest.importorskip("wandb")
+  out = str(tmp_path_factory.mktemp("tracked") / "run")
+  env = {k: os.environ.pop(k) for k in ("WANDB_MODE", "MLFLOW_TRACKING_URI") if k in os.environ}
+  try:
+    assert cli.main(["run", *SYN, "run.rounds=3", "run.seeds=2", "run.name=tracked",
+                     "run.trackers=tensorboard,wandb,mlflow", f"run.dir={out}",
+                     "--quiet"]) == 0
+  finally:
+    os.environ.update(env)
+  return out
+
+
+def test_tensorboard_reads_every_round_of_every_seed(tracked):
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  for seed in (0, 1):
+    acc = EventAccumulator(f"{tracked}/tensorboard/seed{seed}")
+    acc.Reload()
+    _same([(e.step, e.value) for e in acc.Scalars("accuracy")], _accuracy(tracked, seed))
+    assert {"loss", "train_loss", "pg", "lr", "bytes_up_total"} <= set(acc.Tags()["scalars"])
+    config = json.loads(acc.Tensors("config")[0].tensor_proto.string_val[0])
+    assert config["run"]["seeds"] == 2 and config["method"]["name"] == "sfl"
+
+
+def test_mlflow_reads_one_run_per_seed_with_params_and_metrics(tracked):
+  from mlflow.tracking import MlflowClient
+  client = MlflowClient(tracking_uri=f"file:{tracked}/mlruns")
+  exp = client.get_experiment_by_name("tracked")
+  runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+  assert set(runs) == {"tracked/seed0", "tracked/seed1"}
+  for seed in (0, 1):
+    r = runs[f"tracked/seed{seed}"]
+    assert r.data.params["method.name"] == "sfl" and r.data.params["run.rounds"] == "3"
+    assert r.data.tags["jsfl.seed"] == str(seed) and "jsfl.tag.synthetic" in r.data.tags
+    hist = client.get_metric_history(r.info.run_id, "accuracy")
+    _same(sorted((m.step, m.value) for m in hist), _accuracy(tracked, seed))
+    assert r.info.status == "FINISHED"
+
+
+def _wandb_records(path):
+  """The records of a W&B transaction log (``run-<id>.wandb``): the LevelDB
+  log framing W&B writes, each payload one of W&B's own protobuf Records."""
+  from wandb.proto import wandb_internal_pb2 as pb
+  data = open(path, "rb").read()
+  pos, block, records, part = 7, 32768, [], b""  # after W&B's 7-byte file header
+  while pos + 7 <= len(data):
+    room = block - pos % block
+    if room < 7:
+      pos += room
+      continue
+    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    if kind == 0 and length == 0:
+      pos += room
+      continue
+    part += data[pos + 7:pos + 7 + length]
+    pos += 7 + length
+    if kind in (1, 4):  # FULL or LAST
+      rec = pb.Record()
+      rec.ParseFromString(part)
+      records.append(rec)
+      part = b""
+  return records
+
+
+def test_wandb_offline_run_holds_config_and_history(tracked):
+  files = sorted(glob.glob(f"{tracked}/wandb/offline-run-*/run-*.wandb"))
+  assert len(files) == 2
+  by_seed = {}
+  for f in files:
+    recs = _wandb_records(f)
+    run = next(r.run for r in recs if r.WhichOneof("record_type") == "run")
+    config = {u.key: json.loads(u.value_json) for u in run.config.update}
+    history = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                for i in r.history.item}
+               for r in recs if r.WhichOneof("record_type") == "history"]
+    assert [r.history.step.num for r in recs
+            if r.WhichOneof("record_type") == "history"] == [h["round"] for h in history]
+    by_seed[int(run.display_name[-1])] = (run, config, history)
+  for seed in (0, 1):
+    run, config, history = by_seed[seed]
+    assert run.display_name == f"tracked/seed{seed}" and run.run_group == "tracked"
+    assert config["method"]["name"] == "sfl" and config["run"]["rounds"] == 3
+    _same([(h["round"], h["accuracy"]) for h in history], _accuracy(tracked, seed))
+
+
+class _Broken:
+  def __init__(self, slots, start):
+    pass
+
+  def log(self, i, step, values):
+    raise OSError(28, "No space left on device")
+
+  def flush(self):
+    pass
+
+  def close(self):
+    pass
+
+
+def test_a_failing_or_missing_tracker_is_one_warning_and_changes_nothing(
+    tmp_path, monkeypatch, capsys):
+  plain, watched = str(tmp_path / "plain"), str(tmp_path / "watched")
+  assert cli.main(["run", *SYN, "run.rounds=2", f"run.dir={plain}", "--quiet"]) == 0
+  monkeypatch.setitem(trackers.BACKENDS, "tensorboard", _Broken)
+  monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
+  monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
+  capsys.readouterr()
+  assert cli.main(["run", *SYN, "run.rounds=2", f"run.dir={watched}",
+                   "run.trackers=tensorboard,mlflow", "--quiet"]) == 0
+  err = [line for line in capsys.readouterr().err.splitlines() if line]
+  assert len(err) == 2, err
+  assert err[0].startswith("jsfl: warning: run.trackers: mlflow is not installed")
+  assert err[1].startswith("jsfl: warning: tracker tensorboard failed while writing "
+                           "(OSError: [Errno 28] No space left on device)")
+  strip = lambda out: [{k: v for k, v in r.items() if k != "wall_s"}
+                       for r in rundir.read_metrics(f"{out}/metrics.jsonl")]
+  assert strip(watched) == strip(plain)
+  assert not os.path.exists(f"{watched}/mlruns")
+
+
+def test_tensorboard_shows_each_round_once_after_a_resume(tmp_path):
+  pytest.importorskip("tensorboard")
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  cfg = {s: {} for s in ("run", "method", "dataset", "partition", "model")}
+  cfg.update(run={"name": "r"}, method={"name": "sfl"}, dataset={"name": "d"},
+             partition={"name": "iid"}, model={"name": "m"})
+  slot = trackers.Slot(None, 0, cfg, "r", str(tmp_path), uid="u")
+  first = trackers.Trackers(["tensorboard"], [slot], print)
+  first.log([{"round": r, "seed": 0, "accuracy": float(r)} for r in (1,)])
+  first.log([{"round": r, "seed": 0, "accuracy": float(r)} for r in (2,)])
+  first.log([{"round": 3, "seed": 0, "accuracy": -1.0}])  # lost: no checkpoint after it
+  first.close()
+  again = trackers.Trackers(["tensorboard"], [slot], print, start=2)
+  for r in (3, 4):
+    again.log([{"round": r, "seed": 0, "accuracy": float(r)}])
+  again.close()
+  acc = EventAccumulator(str(tmp_path / "tensorboard" / "seed0"))
+  acc.Reload()
+  assert [(e.step, e.value) for e in acc.Scalars("accuracy")] == [
+      (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+
+
+def test_profile_writes_a_trace_of_the_chosen_rounds(tmp_path, capsys):
+  out = str(tmp_path / "r")
+  assert cli.main(["run", *SYN, "run.rounds=3", "run.profile=[2, 3]", f"run.dir={out}",
+                   "--quiet"]) == 0
+  assert f"jsfl: profile of rounds 2-3 in {out}/profile" in capsys.readouterr().err
+  xplanes = glob.glob(f"{out}/profile/plugins/profile/*/*.xplane.pb")
+  traces = glob.glob(f"{out}/profile/plugins/profile/*/*.trace.json.gz")
+  assert len(xplanes) == 1 and os.path.getsize(xplanes[0]) > 0
+  with gzip.open(traces[0]) as f:
+    events = json.load(f)["traceEvents"]
+  assert any("round" in str(e.get("name", "")) or "jit" in str(e.get("name", ""))
+             for e in events)
+
+
+def test_info_prints_the_backend_and_what_auto_resolves_to(capsys):
+  assert cli.main(["info"]) == 0
+  text = capsys.readouterr().out
+  assert "backend: cpu" in text and "jax " in text and "compile cache:" in text
+  assert cli.main(["info", *SYN, "run.seeds=3"]) == 0
+  text = capsys.readouterr().out
+  assert "exec.client_exec = auto -> unroll" in text
+  assert "exec.seed_exec = auto -> map" in text
+  assert "3 seeds" in text and "4 clients (4 per round)" in text
+  assert cli.main(["info", "run.seeds=0"]) == 2
+  assert capsys.readouterr().err.startswith("jsfl: error: run.seeds=0")
+
+
+def test_the_compile_cache_is_filled_once_and_hit_after(tmp_path):
+  """Two starts of one config in fresh processes: the first fills the cache,
+  the second (and a resume) compile nothing new; ``off`` writes none."""
+  cache = tmp_path / "xla"
+  env = {**os.environ, "JSFL_COMPILE_CACHE": str(cache)}
+  run = lambda *extra: subprocess.run(
+      [sys.executable, "-m", "jsfl", "run", *SYN, "run.rounds=2", "--quiet", *extra],
+      env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+  first = run(f"run.dir={tmp_path / 'a'}")
+  assert first.returncode == 0, first.stderr
+  entries = set(os.listdir(cache))
+  assert len(entries) >= 2  # the round and the evaluation at least
+  second = run(f"run.dir={tmp_path / 'b'}")
+  assert second.returncode == 0, second.stderr
+  assert set(os.listdir(cache)) == entries
+  off = run(f"run.dir={tmp_path / 'c'}", "exec.compile_cache=off")
+  assert off.returncode == 0 and set(os.listdir(cache)) == entries
