@@ -319,8 +319,20 @@ class _OrbaxLogs(logging.Filter):
     return "orbax" not in record.pathname
 
 
+class _OrbaxFutures(logging.Filter):
+  """Drops asyncio's "exception was never retrieved" reports of orbax's
+  reads and writes: when one array of a checkpoint fails, orbax raises the
+  first error and leaves the others' futures unread, which asyncio reports
+  when they are collected, long after jsfl said what failed."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    text = record.getMessage()
+    return not ("never retrieved" in text and ("tensorstore" in text or "orbax" in text))
+
+
 _ORBAX_LOGS = _OrbaxLogs()
 logging.getLogger("absl").addFilter(_ORBAX_LOGS)  # every orbax call here goes through it
+logging.getLogger("asyncio").addFilter(_OrbaxFutures())
 
 
 class Checkpointer:
