@@ -47,11 +47,13 @@ def test_bad_mesh_is_a_config_error_before_anything_is_written(tmp_path, capsys)
   assert not out.exists()
 
 
-def test_eight_device_mesh_equals_one_device():
+# One process per method, so the test runner spreads them over its workers.
+@pytest.mark.parametrize("method", ["sfl", "hydra", "multisfl", "fedseq", "sfedkd"])
+def test_eight_device_mesh_equals_one_device(method):
   """SFL, Hydra, MultiSFL and the sequential methods (FedSeq, SFedKD) on a
   2 (seeds) x 4 (clients) mesh of simulated devices, against one device."""
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  methods = ["sfl", "hydra", "multisfl", "fedseq", "sfedkd"]
+  methods = [method]
   proc = subprocess.run([sys.executable, os.path.join(HERE, "sharding_check.py"), *methods],
                         env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
