@@ -191,7 +191,8 @@ class Tally:
       warn(f"seed{'s' * (len(newly) > 1)} {', '.join(names)} diverged at "
            f"round {r + 1} ({why}); "
            + ("stopping the run" if cfg["run"]["on_divergence"] == "stop_run"
-              and not self.several else "its later rounds are not recorded"))
+              and not self.several
+              else f"{'their' if len(newly) > 1 else 'its'} later rounds are not recorded"))
     every = len(self.diverged) == len(self.ids)
     return bool(self.diverged) and (every or (cfg["run"]["on_divergence"] == "stop_run"
                                               and not self.several))
