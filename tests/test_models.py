@@ -406,6 +406,9 @@ def test_get_model_rejects_bad_name_width_shape_and_classes():
   for name in ("mobilenet_v1", "resnet18"):
     with pytest.raises(ValueError, match="width=0"):
       get_model(name, (32, 32, 3), 10, width=0)
+  for bad in (1.5, 0, True):  # the small CNN's width is a channel count
+    with pytest.raises(ValueError, match=rf"small_cnn: width={bad!r}; allowed: an int >= 1"):
+      get_model("small_cnn", (28, 28, 1), 10, width=bad)
   with pytest.raises(ValueError, match=r"input_shape=\(8, 8, 1\)"):
     get_model("lenet5", (8, 8, 1), 10)
   with pytest.raises(ValueError, match=r"input_shape=\(32, 32\)"):

@@ -25,6 +25,9 @@ def small_cnn(input_shape, num_classes, *, norm: str = "none",
   at least 4."""
   conv_impl, _ = layers.resolve_options("small_cnn", input_shape, num_classes, norm,
                                         conv_impl, depthwise_impl)
+  for key, v in (("width", width), ("hidden", hidden)):
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+      raise ValueError(f"small_cnn: {key}={v!r}; allowed: an int >= 1 (channels / units)")
   check_input_size("small_cnn", input_shape, lambda s: s // 4)  # two max pools
   h, w, c = input_shape
   flat = (h // 4) * (w // 4) * 2 * width
