@@ -1,18 +1,32 @@
 """Shared test helpers: tiny models and hand-made federated data."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
-# Tests compile what they test; the persistent cache has its own test
-# (test_observe.py) with its own directory.
-os.environ.setdefault("JSFL_COMPILE_CACHE", "off")
+# One persistent compilation cache for the whole session, as a user's runs
+# have by default: the resume, sweep and subprocess tests compile the same
+# programs again and again.  The process that makes it (pytest, or xdist's
+# controller, whose workers inherit the variable) removes it at exit; a
+# JSFL_COMPILE_CACHE set beforehand (``off`` included) is left alone.
+if "JSFL_COMPILE_CACHE" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="jsfl-tests-xla-")
+  os.environ["JSFL_COMPILE_CACHE"] = _cache
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from jsfl.train import compile_cache  # noqa: E402
+
 jax.config.update("jax_default_matmul_precision", "highest")
+# In this process too, before anything compiles (JAX settles the cache at
+# its first compilation).
+compile_cache.enable()
 
 
 def make_fed_data(sizes, num_classes=4, shape=(8, 8, 1), seed=0, dominant=None):

@@ -40,26 +40,6 @@ SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_c
        "run.checkpoint_every=2"]
 ROUNDS = 16
 ENV = dict(os.environ, JAX_DEFAULT_MATMUL_PRECISION="highest")
-CACHE_OPTIONS = {"jax_compilation_cache_dir": None,
-                 "jax_persistent_cache_min_compile_time_secs": 0.0}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-  """One persistent compilation cache for this module's runs, in process and
-  in the subprocesses; the process's previous settings come back after."""
-  from jax.experimental.compilation_cache import compilation_cache as cc
-  options = dict(CACHE_OPTIONS, jax_compilation_cache_dir=str(tmp_path_factory.mktemp("xla")))
-  previous = {k: getattr(jax.config, k) for k in options}
-  for k, v in options.items():
-    jax.config.update(k, v)
-    ENV[k.upper()] = str(v)
-  cc.reset_cache()  # the cache is set up once per process, at first use
-  yield
-  for k, v in previous.items():
-    jax.config.update(k, v)
-    ENV.pop(k.upper())
-  cc.reset_cache()
 
 
 def config(method):
