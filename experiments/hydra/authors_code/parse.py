@@ -2,7 +2,7 @@
 """Turns the per-round logs of the Hydra authors' runs into jsfl's statistics.
 
 Usage: python3 parse.py LOG_DIR [--model small_cnn] [--rounds N] [--out FILE]
-                       [--csv FILE]
+                       [--csv FILE] [--seeds 0-4] [--cells CELL ...]
 
 Reads ``LOG_DIR/<model>/<cell>_seed<S>.jsonl`` (``jsfl_glue.record``, one file
 per run, see ``run.sh``) and writes one JSON object (stdout or ``--out``):
@@ -28,7 +28,8 @@ per run, see ``run.sh``) and writes one JSON object (stdout or ``--out``):
   fields, ``reference`` (median accuracy) and ``reference_std``.
 
 Runs with fewer than ``--rounds`` rounds (default: the longest run's) are
-left out.
+left out, as are seeds outside ``--seeds`` (a range ``A-B`` or a list
+``0,3,5``; default all) and cells outside ``--cells`` (default all).
 """
 
 from __future__ import annotations
@@ -117,12 +118,27 @@ def spread(values):
   return {"median": statistics.median(values), "std": statistics.pstdev(values)}
 
 
-def parse(log_dir, model, rounds=None):
+def seed_set(text):
+  """``"0-4"`` or ``"0,3,5"`` -> a set of ints (None: ``text`` is empty)."""
+  if not text:
+    return None
+  if re.fullmatch(r"\d+-\d+", text):
+    a, b = map(int, text.split("-"))
+    return set(range(a, b + 1))
+  if re.fullmatch(r"\d+(,\d+)*", text):
+    return {int(t) for t in text.split(",")}
+  raise ValueError(f"--seeds {text!r}; allowed: a range A-B or a list 0,3,5")
+
+
+def parse(log_dir, model, rounds=None, seeds=None, cells=None):
   runs = []
   for path in sorted(glob.glob(os.path.join(log_dir, model, "*_seed*.jsonl"))):
     m = re.fullmatch(r"(.+)_seed(\d+)\.jsonl", os.path.basename(path))
+    if not m or (seeds is not None and int(m.group(2)) not in seeds) or (
+        cells and m.group(1) not in cells):
+      continue
     rs = read_run(path)
-    if m and rs:
+    if rs:
       runs.append({"cell": m.group(1), "seed": int(m.group(2)), "rounds": rs})
   want = rounds or max((len(r["rounds"]) for r in runs), default=0)
   runs = [r for r in runs if len(r["rounds"]) >= want]
@@ -163,8 +179,15 @@ def main(argv=None):
   ap.add_argument("--rounds", type=int, default=None)
   ap.add_argument("--out", default=None)
   ap.add_argument("--csv", default=None)
+  ap.add_argument("--seeds", default="", help="A-B or a,b,c (default: every seed found)")
+  ap.add_argument("--cells", nargs="+", choices=sorted(CELLS), default=None)
   args = ap.parse_args(argv)
-  res = parse(args.log_dir, args.model, args.rounds)
+  try:
+    seeds = seed_set(args.seeds)
+  except ValueError as e:
+    print(f"parse.py: {e}", file=sys.stderr)
+    return 2
+  res = parse(args.log_dir, args.model, args.rounds, seeds, args.cells)
   if not res["cells"]:
     print(f"parse.py: no finished run under {args.log_dir}/{args.model}", file=sys.stderr)
     return 2
