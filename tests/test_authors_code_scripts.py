@@ -1,7 +1,9 @@
-"""The scripts that set the MultiSFL authors' code beside jsfl (experiments/multisfl/authors_code/).
+"""The scripts that set the authors' code beside jsfl (experiments/multisfl/authors_code/,
+experiments/hydra/authors_code/).
 
 Their own runs stay outside the repository, so these check the scripts on
-hand-made logs: parse.py's figures and curves.py's per-round medians.
+hand-made logs: parse.py's figures, curves.py's per-round medians, the Hydra
+parse.py's seed and cell filters and orderings.py's check.
 """
 
 import importlib.util
@@ -90,3 +92,62 @@ def test_curves_medians_and_unfinished_runs_left_out(tmp_path):
   assert ours["median"] == [42, 54, 66] and ours["low"] == [40, 50, 60]
   assert theirs["seeds"] == [0, 1] and theirs["median"] == [51, 62, 71]
   assert data["multisfl.p"]["authors' code"]["high"] == [0.01, 0.02, 0.04]
+
+
+# ----------------------------------------- the Hydra recipe (experiments/hydra)
+HYDRA = HERE.parents[1] / "hydra" / "authors_code"
+
+
+def _load_hydra(name):
+  spec = importlib.util.spec_from_file_location(f"hydra_authors_{name}", HYDRA / f"{name}.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def _hydra_log(path, accs):
+  with open(path, "w") as f:
+    for t, a in enumerate(accs, 1):
+      f.write(json.dumps({"round": t, "accuracy": a, "pg": 10.0, "per_label": [a] * 10,
+                          "samples": 100, "train_s": 1.0, "train_cpu_s": 1.0,
+                          "eval_s": 0.1}) + "\n")
+
+
+def test_hydra_parse_keeps_the_seeds_and_cells_asked_for(tmp_path):
+  parse = _load_hydra("parse")
+  logs = tmp_path / "small_cnn"
+  logs.mkdir()
+  for seed in range(10):  # seed s: every round at 60 + s
+    _hydra_log(logs / f"multihead_seed{seed}.jsonl", [60.0 + seed] * 6)
+    _hydra_log(logs / f"splitfedv1_seed{seed}.jsonl", [70.0 + seed] * 6)
+  first = parse.parse(str(tmp_path), "small_cnn", seeds=parse.seed_set("0-4"))
+  assert first["cells"]["multihead"]["seeds"] == [0, 1, 2, 3, 4]
+  assert first["cells"]["multihead"]["accuracy"]["median"] == 62.0
+  every = parse.parse(str(tmp_path), "small_cnn", seeds=None, cells=["splitfedv1"])
+  assert list(every["cells"]) == ["splitfedv1"]
+  assert every["cells"]["splitfedv1"]["accuracy"]["median"] == 74.5
+  assert parse.seed_set("1,3") == {1, 3}
+  with pytest.raises(ValueError, match="allowed: a range A-B"):
+    parse.seed_set("x")
+  out = tmp_path / "ref.csv"
+  assert parse.main([str(tmp_path), "--seeds", "5-9", "--csv", str(out)]) == 0
+  lines = out.read_text().splitlines()
+  assert "seeds 5, 6, 7, 8, 9." in lines[0]
+  assert "multihead,,,,67.00,1.41" in lines and "splitfedv1,,,,77.00,1.41" in lines
+  assert parse.main([str(tmp_path), "--seeds", "nine"]) == 2
+
+
+def test_hydra_orderings_flag_a_flipped_pair(tmp_path, capsys):
+  orderings = _load_hydra("orderings")
+  head = ("method.name,method.order,method.batches_per_turn,method.groups,"
+          "accuracy_median,reference,reference_std\n")
+  rows = ["sfl,cyclic,1,-,77.0,77.2,0.4", "hydra,cyclic,1,0,74.1,74.4,0.5",
+          "multihead,cyclic,1,-,74.5,74.3,3.0"]  # within multihead's spread: not checked
+  good = tmp_path / "good.csv"
+  good.write_text(head + "\n".join(rows) + "\n")
+  assert orderings.main([str(good)]) == 0
+  assert "1 separated pairs, 0 flipped" in capsys.readouterr().out
+  bad = tmp_path / "bad.csv"
+  bad.write_text(head + "\n".join([rows[0], "hydra,cyclic,1,0,78.0,74.4,0.5"]) + "\n")
+  assert orderings.main([str(bad)]) == 1
+  assert "FLIP" in capsys.readouterr().out
