@@ -13,10 +13,13 @@ jsfl, ...), so a load that changes hits both alike:
   slots of one program, the default execution): samples over ``wall_s`` of
   rounds 2.. (round 1 compiles; evaluation is outside ``wall_s``).
 
-Reported per side: training samples per second per seed, and the whole
+Reported per side: training samples per second per seed; the whole
 process's wall time per seed-run (start-up, data, compilation, every
 round's training and evaluation: what a user waits for), from which
-seed-runs per hour on one process follow.
+seed-runs per hour on one process follow; CPU-seconds per seed-round (the
+process tree's user + system time over seeds x rounds: what a core-bound
+machine pays); and the time from the process's start to its first
+finished round (its first round record on disk).
 
     python benchmarks/hydra_vs_authors.py --cells sfl_cyclic hydra_cyclic --rounds 5
     python benchmarks/hydra_vs_authors.py --model mobilenet --rounds 3
@@ -56,18 +59,46 @@ def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def has_record(path: str) -> bool:
+  try:
+    with open(path) as f:
+      return any(line.endswith("\n") and line.strip() for line in f)
+  except OSError:
+    return False
+
+
+def timed(cmd: list[str], log: str, **kwargs) -> tuple[float, float, float]:
+  """Runs ``cmd``; returns its wall seconds, the seconds to the first line of
+  ``log`` and the CPU seconds (user + system) of it and its children."""
+  t0 = time.perf_counter()
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, **kwargs)
+  first = None
+  while True:
+    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    if pid:
+      break
+    if first is None and has_record(log):
+      first = time.perf_counter() - t0
+    time.sleep(0.05)
+  total = time.perf_counter() - t0
+  proc.returncode = os.waitstatus_to_exitcode(status)
+  if proc.returncode:
+    raise subprocess.CalledProcessError(proc.returncode, cmd)
+  return total, total if first is None else first, usage.ru_utime + usage.ru_stime
+
+
 def authors_run(cell: str, model: str, rounds: int, clone: str, py: str) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     env = dict(os.environ, MODEL=model, ROUNDS=str(rounds), SEEDS="0", CELLS=cell,
                CLONE=clone, PY=py, THREADS="1")
-    t0 = time.perf_counter()
-    subprocess.run(["bash", RECIPE, tmp], check=True, env=env, stdout=subprocess.DEVNULL)
-    total = time.perf_counter() - t0
-    recs = read_jsonl(os.path.join(tmp, model, f"{cell}_seed0.jsonl"))
+    log = os.path.join(tmp, model, f"{cell}_seed0.jsonl")
+    total, first, cpu = timed(["bash", RECIPE, tmp], log, env=env)
+    recs = read_jsonl(log)
   train = sum(r["train_s"] for r in recs)
   return {"side": "authors", "cell": cell, "seeds": 1, "rounds": len(recs),
           "samples_per_s_per_seed": sum(r["samples"] for r in recs) / train,
-          "process_s_per_seed_run": total, "round_s": [r["train_s"] for r in recs]}
+          "process_s_per_seed_run": total, "first_round_s": first,
+          "cpu_s_per_seed_round": cpu / len(recs), "round_s": [r["train_s"] for r in recs]}
 
 
 def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: str) -> dict:
@@ -76,16 +107,15 @@ def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: str) -> dict:
     cmd = [jsfl, "run", os.path.join(ROOT, CONFIGS[model]), *CELLS[cell],
            f"run.seeds={seeds}", f"run.rounds={rounds}", "run.checkpoint_every=0",
            f"run.dir={out}", "--quiet"]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    total = time.perf_counter() - t0
+    total, first, cpu = timed(cmd, os.path.join(out, "metrics.jsonl"), cwd=ROOT)
     recs = read_jsonl(os.path.join(out, "metrics.jsonl"))
   walls = {r["round"]: r["wall_s"] for r in recs}
-  timed = [r for r in recs if r["round"] > 1]
+  later = [r for r in recs if r["round"] > 1]
   train = sum(w for k, w in walls.items() if k > 1)
   return {"side": "jsfl", "cell": cell, "seeds": seeds, "rounds": rounds,
-          "samples_per_s_per_seed": sum(r["samples"] for r in timed) / train / seeds,
-          "process_s_per_seed_run": total / seeds, "first_round_s": walls[1],
+          "samples_per_s_per_seed": sum(r["samples"] for r in later) / train / seeds,
+          "process_s_per_seed_run": total / seeds, "first_round_s": first,
+          "first_round_wall_s": walls[1], "cpu_s_per_seed_round": cpu / (seeds * rounds),
           "round_s": [walls[k] for k in sorted(walls)]}
 
 
@@ -118,23 +148,30 @@ def main() -> None:
         row["repeat"] = rep
         rows.append(row)
         print(f"{cell:<14} {side:<8} {row['samples_per_s_per_seed']:8.0f} samples/s/seed  "
-              f"{row['process_s_per_seed_run']:6.1f} s/seed-run", flush=True)
+              f"{row['process_s_per_seed_run']:6.1f} s/seed-run  "
+              f"{row['cpu_s_per_seed_round']:6.2f} CPU-s/seed-round  "
+              f"{row['first_round_s']:5.1f} s to round 1", flush=True)
 
-  print(f"\n| cell | side | samples/s per seed | s per seed-run ({args.rounds} rounds) |")
-  print("| --- | --- | --- | --- |")
+  print(f"\n| cell | side | samples/s per seed | s per seed-run ({args.rounds} rounds) | "
+        "CPU-s per seed-round | s to round 1 |")
+  print("| --- | --- | --- | --- | --- | --- |")
   summary = []
   for cell in args.cells:
     med = {}
     for side in ("authors", "jsfl"):
       got = [r for r in rows if r["cell"] == cell and r["side"] == side]
-      med[side] = (statistics.median(r["samples_per_s_per_seed"] for r in got),
-                   statistics.median(r["process_s_per_seed_run"] for r in got))
-      print(f"| {cell} | {side} | {med[side][0]:,.0f} | {med[side][1]:.1f} |")
+      med[side] = tuple(statistics.median(r[k] for r in got) for k in (
+          "samples_per_s_per_seed", "process_s_per_seed_run", "cpu_s_per_seed_round",
+          "first_round_s"))
+      print(f"| {cell} | {side} | {med[side][0]:,.0f} | {med[side][1]:.1f} | "
+            f"{med[side][2]:.2f} | {med[side][3]:.1f} |")
     summary.append({"cell": cell, "authors": med["authors"], "jsfl": med["jsfl"],
                     "samples_ratio": med["jsfl"][0] / med["authors"][0],
-                    "seed_runs_per_hour_ratio": med["authors"][1] / med["jsfl"][1]})
+                    "seed_runs_per_hour_ratio": med["authors"][1] / med["jsfl"][1],
+                    "cpu_ratio": med["authors"][2] / med["jsfl"][2]})
     print(f"| {cell} | jsfl / authors | {summary[-1]['samples_ratio']:.2f}x | "
-          f"{summary[-1]['seed_runs_per_hour_ratio']:.2f}x seed-runs per hour |")
+          f"{summary[-1]['seed_runs_per_hour_ratio']:.2f}x seed-runs per hour | "
+          f"{summary[-1]['cpu_ratio']:.2f}x (their CPU-s / jsfl's) | |")
   os.makedirs(args.out, exist_ok=True)
   stamp = time.strftime("%Y%m%d-%H%M%S")
   path = os.path.join(args.out,
