@@ -7,8 +7,9 @@ and repeat the two sides run one after the other (authors, jsfl, authors,
 jsfl, ...), so a load that changes hits both alike:
 
 * the authors' code through ``experiments/hydra/authors_code/run.sh`` (the
-  adapted clone, one torch thread, one seed): its round log gives training
-  samples over training seconds (``train_s``: round start to evaluation);
+  adapted clone, one torch thread, one seed; ``--procs N``: N such processes
+  side by side, seeds 0..N-1): its round log gives training samples over
+  training seconds (``train_s``: round start to evaluation);
 * jsfl through ``jsfl run`` with the same cell (``--seeds`` seeds as the
   slots of one program, the default execution): samples over ``wall_s`` of
   rounds 2.. (round 1 compiles; evaluation is outside ``wall_s``).
@@ -22,6 +23,8 @@ machine pays); and the time from the process's start to its first
 finished round (its first round record on disk).
 
     python benchmarks/hydra_vs_authors.py --cells sfl_cyclic hydra_cyclic --rounds 5
+    # equal cores: their code as one process per core, jsfl with 5 seeds a program
+    python benchmarks/hydra_vs_authors.py --procs 2 --seeds 5 --rounds 15
     python benchmarks/hydra_vs_authors.py --model mobilenet --rounds 3
 
 Writes ``results/hydra_vs_authors-<model>-<host>-<time>.json``.
@@ -67,38 +70,53 @@ def has_record(path: str) -> bool:
     return False
 
 
-def timed(cmd: list[str], log: str, **kwargs) -> tuple[float, float, float]:
-  """Runs ``cmd``; returns its wall seconds, the seconds to the first line of
-  ``log`` and the CPU seconds (user + system) of it and its children."""
+def timed(jobs: list[tuple[list[str], str, dict]]) -> tuple[float, list[float], float]:
+  """Runs the ``(cmd, log, popen kwargs)`` jobs side by side; returns the
+  wall seconds until the last ends, each job's seconds to the first line of
+  its ``log``, and their CPU seconds (user + system, children included)."""
   t0 = time.perf_counter()
-  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, **kwargs)
-  first = None
-  while True:
-    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-    if pid:
-      break
-    if first is None and has_record(log):
-      first = time.perf_counter() - t0
+  procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, **kw) for cmd, _, kw in jobs]
+  first: list[float | None] = [None] * len(jobs)
+  live, cpu = {p.pid: i for i, p in enumerate(procs)}, 0.0
+  while live:
+    for pid, i in list(live.items()):
+      done, status, usage = os.wait4(pid, os.WNOHANG)
+      if done:
+        del live[pid]
+        cpu += usage.ru_utime + usage.ru_stime
+        procs[i].returncode = os.waitstatus_to_exitcode(status)
+      elif first[i] is None and has_record(jobs[i][1]):
+        first[i] = time.perf_counter() - t0
     time.sleep(0.05)
   total = time.perf_counter() - t0
-  proc.returncode = os.waitstatus_to_exitcode(status)
-  if proc.returncode:
-    raise subprocess.CalledProcessError(proc.returncode, cmd)
-  return total, total if first is None else first, usage.ru_utime + usage.ru_stime
+  for p, (cmd, _, _) in zip(procs, jobs, strict=True):
+    if p.returncode:
+      raise subprocess.CalledProcessError(p.returncode, cmd)
+  return total, [total if f is None else f for f in first], cpu
 
 
-def authors_run(cell: str, model: str, rounds: int, clone: str, py: str) -> dict:
+def authors_run(cell: str, model: str, rounds: int, clone: str, py: str,
+                procs: int = 1) -> dict:
+  """``procs`` one-thread processes side by side (seeds 0..procs-1), as a
+  user fills a machine with their code."""
   with tempfile.TemporaryDirectory() as tmp:
-    env = dict(os.environ, MODEL=model, ROUNDS=str(rounds), SEEDS="0", CELLS=cell,
-               CLONE=clone, PY=py, THREADS="1")
-    log = os.path.join(tmp, model, f"{cell}_seed0.jsonl")
-    total, first, cpu = timed(["bash", RECIPE, tmp], log, env=env)
-    recs = read_jsonl(log)
-  train = sum(r["train_s"] for r in recs)
-  return {"side": "authors", "cell": cell, "seeds": 1, "rounds": len(recs),
-          "samples_per_s_per_seed": sum(r["samples"] for r in recs) / train,
-          "process_s_per_seed_run": total, "first_round_s": first,
-          "cpu_s_per_seed_round": cpu / len(recs), "round_s": [r["train_s"] for r in recs]}
+    jobs = []
+    for seed in range(procs):
+      env = dict(os.environ, MODEL=model, ROUNDS=str(rounds), SEEDS=str(seed), CELLS=cell,
+                 CLONE=clone, PY=py, THREADS="1")
+      out = os.path.join(tmp, str(seed))
+      jobs.append((["bash", RECIPE, out], os.path.join(out, model, f"{cell}_seed{seed}.jsonl"),
+                   {"env": env}))
+    total, first, cpu = timed(jobs)
+    runs = [read_jsonl(log) for _, log, _ in jobs]
+  speeds = [sum(r["samples"] for r in recs) / sum(r["train_s"] for r in recs) for recs in runs]
+  n_rounds = len(runs[0])
+  return {"side": "authors", "cell": cell, "seeds": procs, "procs": procs, "rounds": n_rounds,
+          "samples_per_s_per_seed": statistics.median(speeds),
+          "process_s_per_seed_run": total / procs, "first_round_s": statistics.median(first),
+          "cpu_s_per_seed_round": cpu / (procs * n_rounds),
+          "seed_runs_per_hour": 3600 * procs / total,
+          "round_s": [r["train_s"] for r in runs[0]]}
 
 
 def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: str) -> dict:
@@ -107,7 +125,7 @@ def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: str) -> dict:
     cmd = [jsfl, "run", os.path.join(ROOT, CONFIGS[model]), *CELLS[cell],
            f"run.seeds={seeds}", f"run.rounds={rounds}", "run.checkpoint_every=0",
            f"run.dir={out}", "--quiet"]
-    total, first, cpu = timed(cmd, os.path.join(out, "metrics.jsonl"), cwd=ROOT)
+    total, (first,), cpu = timed([(cmd, os.path.join(out, "metrics.jsonl"), {"cwd": ROOT})])
     recs = read_jsonl(os.path.join(out, "metrics.jsonl"))
   walls = {r["round"]: r["wall_s"] for r in recs}
   later = [r for r in recs if r["round"] > 1]
@@ -116,6 +134,7 @@ def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: str) -> dict:
           "samples_per_s_per_seed": sum(r["samples"] for r in later) / train / seeds,
           "process_s_per_seed_run": total / seeds, "first_round_s": first,
           "first_round_wall_s": walls[1], "cpu_s_per_seed_round": cpu / (seeds * rounds),
+          "seed_runs_per_hour": 3600 * seeds / total,
           "round_s": [walls[k] for k in sorted(walls)]}
 
 
@@ -131,6 +150,8 @@ def main() -> None:
                   default=["sfl_cyclic", "hydra_cyclic"])
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--seeds", type=int, default=1, help="jsfl's slots per program")
+  ap.add_argument("--procs", type=int, default=1,
+                  help="the authors' one-thread processes side by side (one seed each)")
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--clone", default=os.environ.get("CLONE", "/work/authors/Hydra"))
   ap.add_argument("--py", default=os.environ.get("PY", "/work/authors/venv/bin/python"))
@@ -142,7 +163,7 @@ def main() -> None:
   for rep in range(args.repeats):
     for cell in args.cells:
       for side in ("authors", "jsfl"):
-        row = (authors_run(cell, args.model, args.rounds, args.clone, args.py)
+        row = (authors_run(cell, args.model, args.rounds, args.clone, args.py, args.procs)
                if side == "authors" else
                jsfl_run(cell, args.model, args.rounds, args.seeds, args.jsfl))
         row["repeat"] = rep
