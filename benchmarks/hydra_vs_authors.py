@@ -20,7 +20,10 @@ round's training and evaluation: what a user waits for), from which
 seed-runs per hour on one process follow; CPU-seconds per seed-round (the
 process tree's user + system time over seeds x rounds: what a core-bound
 machine pays); and the time from the process's start to its first
-finished round (its first round record on disk).
+finished round (its first round record on disk); and the training FLOP/s
+that the samples per second give (XLA's FLOP count of one training step per
+sample, times samples per second, times the seeds or processes training
+side by side), against a measured f32 matmul peak.
 
     python benchmarks/hydra_vs_authors.py --cells sfl_cyclic hydra_cyclic --rounds 5
     # equal cores: their code as one process per core, jsfl with 5 seeds a program
@@ -138,6 +141,47 @@ def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: str) -> dict:
           "round_s": [walls[k] for k in sorted(walls)]}
 
 
+MODELS = {"small_cnn": ("small_cnn", {}), "mobilenet": ("mobilenet_v1", {"width": 0.5})}
+
+
+def train_flops_per_sample(model: str, batch: int = 64) -> float:
+  """XLA's count of one training step's FLOPs (forward and backward of the
+  whole model on a batch of Fashion-MNIST's shape) per sample: the work
+  both sides do per training sample, split or not."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from jsfl.models import get_model
+  name, opts = MODELS[model]
+  m = get_model(name, (28, 28, 1), 10, **opts)
+  params, stats = m.init(jax.random.key(0))
+  x, y = jnp.zeros((batch, 28, 28, 1)), jnp.zeros((batch,), jnp.int32)
+
+  def loss(p):
+    out, _ = m.apply(p, stats, x, train=True)
+    return optax.softmax_cross_entropy_with_integer_labels(out, y).mean()
+  cost = jax.jit(jax.grad(loss)).lower(params).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  return float(cost["flops"]) / batch
+
+
+def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
+  """The best of ``repeats`` f32 n x n matmuls through XLA on every core: the
+  machine's practical peak that achieved FLOP/s are set against."""
+  import jax
+  import jax.numpy as jnp
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda a: a @ a)
+  f(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    f(a).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2 * n ** 3 / best
+
+
 def machine() -> dict:
   return {"host": socket.gethostname(), "platform": platform.platform(),
           "cpus": os.cpu_count(), "python": sys.version.split()[0]}
@@ -159,6 +203,10 @@ def main() -> None:
   ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
   args = ap.parse_args()
 
+  flops = train_flops_per_sample(args.model)
+  peak = matmul_flops_per_s()
+  print(f"# {flops / 1e6:.2f} MFLOP per training sample (XLA); matmul peak "
+        f"{peak / 1e9:.1f} GFLOP/s", flush=True)
   rows = []
   for rep in range(args.repeats):
     for cell in args.cells:
@@ -167,11 +215,15 @@ def main() -> None:
                if side == "authors" else
                jsfl_run(cell, args.model, args.rounds, args.seeds, args.jsfl))
         row["repeat"] = rep
+        # every process or slot of the row trains at samples_per_s_per_seed
+        row["gflop_per_s"] = row["samples_per_s_per_seed"] * row["seeds"] * flops / 1e9
+        row["of_peak"] = row["gflop_per_s"] * 1e9 / peak
         rows.append(row)
         print(f"{cell:<14} {side:<8} {row['samples_per_s_per_seed']:8.0f} samples/s/seed  "
               f"{row['process_s_per_seed_run']:6.1f} s/seed-run  "
               f"{row['cpu_s_per_seed_round']:6.2f} CPU-s/seed-round  "
-              f"{row['first_round_s']:5.1f} s to round 1", flush=True)
+              f"{row['first_round_s']:5.1f} s to round 1  "
+              f"{row['gflop_per_s']:5.1f} GFLOP/s ({row['of_peak']:.0%} of peak)", flush=True)
 
   print(f"\n| cell | side | samples/s per seed | s per seed-run ({args.rounds} rounds) | "
         "CPU-s per seed-round | s to round 1 |")
@@ -198,7 +250,8 @@ def main() -> None:
   path = os.path.join(args.out,
                       f"hydra_vs_authors-{args.model}-{socket.gethostname()}-{stamp}.json")
   with open(path, "w") as f:
-    json.dump({"machine": machine(), "args": vars(args), "rows": rows, "summary": summary},
+    json.dump({"machine": machine(), "args": vars(args), "train_flops_per_sample": flops,
+               "matmul_peak_flops_per_s": peak, "rows": rows, "summary": summary},
               f, indent=1)
   print(f"wrote {path}")
 
