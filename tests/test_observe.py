@@ -204,6 +204,24 @@ def test_info_prints_the_backend_and_what_auto_resolves_to(capsys):
   assert capsys.readouterr().err.startswith("jsfl: error: run.seeds=0")
 
 
+def test_the_cache_is_bounded_and_locked_unless_filelock_is_missing(tmp_path, monkeypatch):
+  import jax
+
+  from jsfl.train import compile_cache
+  keys = ("jax_compilation_cache_dir", "jax_compilation_cache_max_size",
+          "jax_persistent_cache_min_compile_time_secs")
+  before = {k: getattr(jax.config, k) for k in keys}
+  try:
+    compile_cache.enable(str(tmp_path / "a"))
+    assert jax.config.jax_compilation_cache_max_size == compile_cache.MAX_BYTES
+    monkeypatch.setattr(compile_cache, "_has_filelock", lambda: False)
+    compile_cache.enable(str(tmp_path / "b"))  # JAX's own: unbounded, no lock
+    assert jax.config.jax_compilation_cache_max_size == -1
+  finally:
+    for k, v in before.items():
+      jax.config.update(k, v)
+
+
 def test_the_compile_cache_is_filled_once_and_hit_after(tmp_path):
   """Two starts of one config in fresh processes: the first fills the cache,
   the second (and a resume) compile nothing new; ``off`` writes none."""
@@ -215,7 +233,12 @@ def test_the_compile_cache_is_filled_once_and_hit_after(tmp_path):
   first = run(f"run.dir={tmp_path / 'a'}")
   assert first.returncode == 0, first.stderr
   entries = set(os.listdir(cache))
-  assert len(entries) >= 2  # the round and the evaluation at least
+  programs = {e for e in entries if e.endswith("-cache")}
+  assert len(programs) >= 2  # the round and the evaluation at least
+  # bounded (compile_cache.MAX_BYTES): LRU access times and the lock that
+  # keeps concurrent runs from reading a half-written entry
+  assert ".lockfile" in entries
+  assert {e.removesuffix("-cache") + "-atime" for e in programs} <= entries
   second = run(f"run.dir={tmp_path / 'b'}")
   assert second.returncode == 0, second.stderr
   assert set(os.listdir(cache)) == entries

@@ -8,6 +8,12 @@ load the executable from disk (``docs/speed.md`` has the measured times).
 Where: ``exec.compile_cache`` = ``auto`` takes ``$JSFL_COMPILE_CACHE`` if set,
 else ``$XDG_CACHE_HOME/jsfl/xla`` (``~/.cache/jsfl/xla``); ``off`` (or the
 variable set to ``off``) disables it; any other value is the directory.
+
+Size and sharing: the directory holds at most :data:`MAX_BYTES`, the least
+recently used programs evicted first, and every read and write of an entry
+holds the directory's file lock, so concurrent runs sharing it (a sweep's
+jobs, a cluster's processes on one home directory) never read an entry
+another is still writing.
 """
 
 from __future__ import annotations
@@ -19,6 +25,19 @@ import jax
 # Programs that compile faster than this are not worth a disk entry; the
 # rounds, evaluations and initialisations of a run all take longer.
 MIN_COMPILE_S = 0.2
+# A few hundred programs of the model zoo; beyond it the oldest go.  Any
+# bound turns on JAX's locked reads and writes, which need ``filelock``.
+MAX_BYTES = 8 << 30
+
+
+def _has_filelock() -> bool:
+  """An install without ``filelock`` (``pip install --no-deps``) keeps JAX's
+  unbounded, unlocked cache rather than failing its first compilation."""
+  try:
+    import filelock  # noqa: F401
+  except ImportError:
+    return False
+  return True
 
 
 def cache_dir(setting: str = "auto") -> str | None:
@@ -51,4 +70,5 @@ def enable(setting: str = "auto") -> str | None:
       return None
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
+  jax.config.update("jax_compilation_cache_max_size", MAX_BYTES if _has_filelock() else -1)
   return path
