@@ -51,6 +51,7 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import IO
 
 import jax
 import numpy as np
@@ -165,6 +166,47 @@ def _without_echoes(text: str) -> str:
   return "".join(out + (block or []))
 
 
+class _Held:
+  """What :func:`_stderr_held` caught: the open capture while it runs, its
+  text after."""
+  file: IO[bytes]
+  text = ""
+
+
+@contextlib.contextmanager
+def _stderr_held(logger_names: tuple[str, ...]):
+  """File descriptor 2 into a temporary file and ``logger_names`` silenced
+  while the body runs (orbax logs through absl; tensorstore writes to fd 2
+  past ``sys.stderr``); both restored after, the captured text left in the
+  yielded :class:`_Held` for the caller to replay or drop."""
+  loggers = [logging.getLogger(n) for n in logger_names]
+  levels = [lg.level for lg in loggers]
+  for lg in loggers:
+    lg.setLevel(logging.CRITICAL)
+  sys.stderr.flush()
+  saved = os.dup(2)
+  held = _Held()
+  held.file = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
+  os.dup2(held.file.fileno(), 2)
+  try:
+    yield held
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    for lg, level in zip(loggers, levels, strict=True):
+      lg.setLevel(level)
+    held.file.seek(0)
+    held.text = held.file.read().decode("utf-8", "replace")
+    held.file.close()
+
+
+def _replay(text: str) -> None:
+  if text:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
 @contextlib.contextmanager
 def _quiet_writer_threads():
   """Holds back the noise of a failed checkpoint write: orbax's writer threads
@@ -174,30 +216,17 @@ def _quiet_writer_threads():
   temporary file while the checkpoint is written and is replayed after it,
   less those echoes; after a failure the remaining writes are given a moment
   to fail, so their echoes land in the file too."""
-  logger = logging.getLogger("absl")
-  level = logger.level
-  logger.setLevel(logging.CRITICAL)
-  sys.stderr.flush()
-  saved = os.dup(2)
-  capture = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
-  os.dup2(capture.fileno(), 2)
+  held = _Held()
   try:
-    yield
-  except BaseException:
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # "never retrieved" tasks
-    _wait_until_quiet(capture)
-    raise
+    with _stderr_held(("absl",)) as held:
+      try:
+        yield
+      except BaseException:
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # "never retrieved" tasks
+        _wait_until_quiet(held.file)
+        raise
   finally:
-    sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
-    logger.setLevel(level)
-    capture.seek(0)
-    rest = _without_echoes(capture.read().decode("utf-8", "replace"))
-    capture.close()
-    if rest:
-      sys.stderr.write(rest)
-      sys.stderr.flush()
+    _replay(_without_echoes(held.text))
 
 
 @contextlib.contextmanager
@@ -209,30 +238,17 @@ def _quiet_restore(broken: list):
   they say.  File descriptor 2 goes to a temporary file during the restore;
   when a checkpoint failed (``broken`` not empty) the capture is dropped,
   otherwise it is replayed."""
-  loggers = [logging.getLogger(n) for n in ("absl", "orbax", "asyncio")]
-  levels = [lg.level for lg in loggers]
-  for lg in loggers:
-    lg.setLevel(logging.CRITICAL)
-  sys.stderr.flush()
-  saved = os.dup(2)
-  capture = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
-  os.dup2(capture.fileno(), 2)
+  held = _Held()
   try:
-    yield
+    with _stderr_held(("absl", "orbax", "asyncio")) as held:
+      try:
+        yield
+      finally:
+        if broken:
+          _wait_until_quiet(held.file)
   finally:
-    if broken:
-      _wait_until_quiet(capture)
-    sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
-    for lg, level in zip(loggers, levels, strict=True):
-      lg.setLevel(level)
-    capture.seek(0)
-    rest = capture.read().decode("utf-8", "replace")
-    capture.close()
-    if rest and not broken:
-      sys.stderr.write(rest)
-      sys.stderr.flush()
+    if not broken:
+      _replay(held.text)
 
 
 def _wait_until_quiet(capture, settle: float = 0.2, limit: float = 2.0) -> None:
