@@ -115,6 +115,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                    "he_lecun = He-normal convolutions, LeCun-normal dense layers, zero "
                    "biases", ("torch", "he_lecun")),
         "conv_impl": _f(str, "auto", "dense conv lowering", ("auto", "xla", "im2col")),
+        "eval_conv_impl": _f(str, "auto", "dense conv lowering of evaluation forwards; auto "
+                             "= per layer, the backend's measured faster forward "
+                             "(jsfl.models.layers.inference_conv_impl); same = conv_impl",
+                             ("auto", "same", "xla", "im2col")),
         "depthwise_impl": _f(str, "auto", "depthwise conv lowering", ("auto", "grouped", "shifts")),
     },
     "method": {
@@ -164,8 +168,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             range="[1, 1024]"),
         "mesh": _f(str, "auto", "device mesh 'seeds=S,clients=C' (jsfl.core.sharding); "
                    "auto = the devices that divide run.seeds, then the clients per round"),
-        "eval_batch": _f(int, 1000, "test samples per evaluation chunk",
-                         range="[1, 1000000]"),
+        "eval_batch": _f(int, 0, "test samples per evaluation chunk; 0 = the measured "
+                         "default of the backend (jsfl.train.evaluate.default_eval_batch)",
+                         range="[0, 1000000]"),
         "progress": _f(bool, True, "show a progress bar"),
         "compile_cache": _f(str, "auto", "persistent XLA compilation cache: auto = "
                             "$JSFL_COMPILE_CACHE, else $XDG_CACHE_HOME/jsfl/xla (~/.cache/"

@@ -30,6 +30,10 @@ from jsfl.methods.catalog import METHODS
 # what it computes.
 WHERE_FIELDS = (("run", "dir"), ("run", "name"), ("run", "out_dir"), ("exec", "progress"),
                 ("exec", "max_slots"))
+# How evaluation is lowered and chunked: the same accuracies (a loss summed in
+# another order), so a finished or checkpointed cell is not redone for them.
+# They still shape the evaluation program, so they stay in a program's key.
+EVAL_HOW_FIELDS = (("exec", "eval_batch"), ("model", "eval_conv_impl"))
 # The partition section's keys that fix array shapes; every other one only
 # changes which samples a client holds.
 PARTITION_STATIC = ("num_clients",)

@@ -392,6 +392,69 @@ def test_documented_stages_and_cuts():
   assert h.shape == (4, 5, 5, 16)
 
 
+def test_inference_lowering_rule():
+  # On the CPU a spatial conv over >= 8 channels evaluates through XLA's conv;
+  # one- or three-channel stems and 1x1 convs keep the training lowering.
+  rule = functools.partial(layers.inference_conv_impl, backend="cpu")
+  assert rule("im2col", (3, 3, 16, 32)) == "xla"
+  assert rule("im2col", (3, 3, 8, 8)) == "xla"
+  assert rule("im2col", (3, 3, 3, 32)) == "im2col"
+  assert rule("im2col", (3, 3, 1, 16)) == "im2col"
+  assert rule("im2col", (1, 1, 64, 64)) == "im2col"
+  assert rule("im2col", (3, 3, 16, 32), "same") == "im2col"
+  assert rule("xla", (3, 3, 1, 16), "im2col") == "im2col"
+  assert layers.inference_conv_impl("im2col", (3, 3, 16, 32), backend="gpu") == "im2col"
+  with pytest.raises(ValueError, match="eval_conv_impl='fast'.*allowed"):
+    rule("im2col", (3, 3, 16, 32), "fast")
+
+
+def test_evaluation_forward_takes_its_own_lowering_with_the_same_values():
+  """``logits`` (evaluation) runs the ``eval_conv_impl`` program on the very
+  same parameters as training's lowering, to float tolerance; ``same`` is
+  the training program itself."""
+  name, shape = "lenet5", SHAPES[0]  # conv2: 5x5 over 6 channels -> xla when forced
+  train_impl = _model(name, shape, **FAST_CPU, eval_conv_impl="same")
+  forced = _model(name, shape, **FAST_CPU, eval_conv_impl="xla")
+  params, stats = _init(train_impl)
+  x = _batch(shape)
+  convs = [n for n in _inference_nodes(forced) if isinstance(n, layers.Conv)]
+  assert convs and all(n.impl == "xla" for n in convs)
+  assert train_impl._inference_graphdefs is train_impl._graphdefs
+  base = jax.jit(train_impl.logits)(params, stats, x)
+  assert float(jnp.abs(base).max()) > 0.1
+  _close(jax.jit(forced.logits)(params, stats, x), base)
+  # training keeps its lowering: apply(train=False) without inference is it
+  _close(_run(forced, params, stats, x, train=False)[0], base, rtol=0, atol=0)
+  with pytest.raises(ValueError, match="inference=True needs train=False"):
+    forced.apply(params, stats, x, train=True, inference=True)
+  with pytest.raises(ValueError, match="eval_conv_impl='fft'.*allowed"):
+    _model(name, shape, eval_conv_impl="fft")
+
+
+def test_small_cnn_auto_evaluation_lowering_on_cpu():
+  """The default rule on the CPU: conv1 (one channel) stays im2col, conv2
+  (16 channels) evaluates through XLA; the logits equal training's."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("the rule under test is the CPU's")
+  shape = SHAPES[1]
+  train_impl = get_model("small_cnn", shape, NUM_CLASSES, conv_impl="im2col",
+                         eval_conv_impl="same")
+  auto = get_model("small_cnn", shape, NUM_CLASSES, conv_impl="im2col")
+  assert [n.impl for n in _inference_nodes(auto) if isinstance(n, layers.Conv)] == [
+      "im2col", "xla"]
+  params, stats = _init(train_impl)
+  x = _batch(shape)
+  base = jax.jit(train_impl.logits)(params, stats, x)
+  _close(jax.jit(auto.logits)(params, stats, x), base)
+
+
+def _inference_nodes(model):
+  """The modules of ``model``'s evaluation program (on abstract state)."""
+  from flax import nnx
+  for g, (p, b) in zip(model._inference_graphdefs, model._abstract, strict=True):
+    yield from (node for _, node in nnx.iter_graph(nnx.merge(g, p, b)))
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("option,value", [
     ("norm", "layer"), ("conv_impl", "fft"), ("depthwise_impl", "loop")])

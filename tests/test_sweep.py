@@ -586,3 +586,23 @@ partition = [{name = "dirichlet", alpha = 0.1, min_size = 2}, {name = "iid"}]
   assert "min_size" not in sw.cells[1].cfg["partition"]
   # partitions are per-slot: one program per method
   assert [[c.index for c in u.cells] for u in sweep.plan(sw, sw.cells)] == [[0, 1], [2, 3]]
+
+
+def test_config_diff_leaves_out_how_evaluation_is_lowered_and_chunked(tmp_path):
+  """A cell finished or checkpointed before ``exec.eval_batch`` became 0 (the
+  backend's chunk) and ``model.eval_conv_impl`` existed is not redone for
+  them; any field of what it trains still counts."""
+  from jsfl import config as config_lib
+  cfg = config_lib.load_config(None, [])
+  old = json.loads(json.dumps(cfg))
+  old["exec"]["eval_batch"] = 1000
+  del old["model"]["eval_conv_impl"]
+  run = tmp_path / "cell"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"config": old}))
+  assert sweep.config_diff(str(run), cfg) == []
+  cfg["model"]["eval_conv_impl"] = "same"
+  assert sweep.config_diff(str(run), cfg) == []
+  old["optim"]["lr"] = 0.01
+  (run / "config.json").write_text(json.dumps({"config": old}))
+  assert sweep.config_diff(str(run), cfg) == ["optim.lr"]

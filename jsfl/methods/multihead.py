@@ -110,11 +110,11 @@ def round(setup: Setup, state: State, data, key):
 def predict(setup: Setup, state: State, x):
   """Body once, then max-logit selection over all ``K`` heads."""
   h = head_cut(setup)
-  z = setup.model.apply(state.body, state.body_stats, x, train=False)[0]
+  z = setup.model.apply(state.body, state.body_stats, x, train=False, inference=True)[0]
 
   def logits(head, zz):
     p, s = head
-    return setup.model.apply(p, s, zz, start=h, train=False)[0]
+    return setup.model.apply(p, s, zz, start=h, train=False, inference=True)[0]
 
   return max_logit_select(logits, (state.heads, state.heads_stats), z)
 

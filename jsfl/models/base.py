@@ -49,6 +49,11 @@ class StagedModel:
     head_cuts: named Hydra head cuts (e.g. MobileNetV1 "small" / "large").
     init_scheme: layer initialisation (:mod:`jsfl.models.inits`): ``"torch"``
       or ``"he_lecun"`` (the stages' own draws).
+    eval_conv_impl: the dense-conv lowering of evaluation forwards
+      (``apply(..., inference=True)``, :meth:`logits`):
+      :func:`jsfl.models.layers.inference_conv_impl`'s ``choice``.  The
+      same parameters, another program: evaluation needs no gradient, so it
+      may take the lowering whose forward is fastest.
   """
 
   name: str
@@ -60,10 +65,13 @@ class StagedModel:
   stage_names: tuple[str, ...]
   head_cuts: tuple = ()  # ((name, cut), ...): hashable presets
   init_scheme: str = "he_lecun"
+  eval_conv_impl: str = "same"
   # Set once in __post_init__ (the dataclass is frozen): one graph definition
-  # and one abstract (params, stats) pair per stage.
+  # and one abstract (params, stats) pair per stage, and the graph
+  # definitions of evaluation forwards.
   _graphdefs: tuple = dataclasses.field(init=False, repr=False, compare=False)
   _abstract: tuple = dataclasses.field(init=False, repr=False, compare=False)
+  _inference_graphdefs: tuple = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self):
     stages = nnx.eval_shape(lambda: list(self.build(nnx.Rngs(0))))
@@ -80,6 +88,17 @@ class StagedModel:
                        f"{len(self.stage_names)} stage names")
     object.__setattr__(self, "_graphdefs", tuple(graphdefs))
     object.__setattr__(self, "_abstract", tuple(abstract))
+    object.__setattr__(self, "_inference_graphdefs", self._for_inference())
+
+  def _for_inference(self) -> tuple:
+    if self.eval_conv_impl == "same":
+      return self._graphdefs
+    stages = nnx.eval_shape(lambda: list(self.build(nnx.Rngs(0))))
+    for s in stages:
+      for _, node in nnx.iter_graph(s):
+        if hasattr(node, "for_inference"):
+          node.for_inference(self.eval_conv_impl)
+    return tuple(nnx.split(s, nnx.Param, nnx.BatchStat, ...)[0] for s in stages)
 
   @property
   def num_stages(self) -> int:
@@ -110,8 +129,8 @@ class StagedModel:
     return tuple(params), tuple(stats)
 
   def apply(self, params: Params, stats: Stats, x: jax.Array, *,
-            start: int = 0, train: bool, mask: jax.Array | None = None
-            ) -> tuple[jax.Array, Stats]:
+            start: int = 0, train: bool, mask: jax.Array | None = None,
+            inference: bool = False) -> tuple[jax.Array, Stats]:
     """Runs stages ``[start, start + len(params))``.
 
     Args:
@@ -121,14 +140,20 @@ class StagedModel:
       start: index of the first stage.
       train: batch statistics (and their update) when True, running ones else.
       mask: ``(B,)`` bool, valid samples (padding is left out of BN stats).
+      inference: an evaluation forward (requires ``train=False``): the
+        layers' ``eval_conv_impl`` lowerings, for outputs no gradient is
+        taken through (slower to differentiate on some backends).
 
     Returns:
       ``(output, new_stats)``; ``new_stats`` equals ``stats`` when not
       training.
     """
+    if inference and train:
+      raise ValueError("apply: inference=True needs train=False")
+    graphdefs = self._inference_graphdefs if inference else self._graphdefs
     new_stats = []
     for i, (p, b) in enumerate(zip(params, stats, strict=True)):
-      g = self._graphdefs[start + i]
+      g = graphdefs[start + i]
       module = nnx.merge(g, p, b)
       x = module(x, train=train, mask=mask)
       if train and jax.tree.leaves(b):
@@ -139,8 +164,8 @@ class StagedModel:
     return x, tuple(new_stats)
 
   def logits(self, params: Params, stats: Stats, x: jax.Array) -> jax.Array:
-    """Eval-mode forward of the whole model."""
-    return self.apply(params, stats, x, train=False)[0]
+    """Eval-mode forward of the whole model, in its evaluation lowerings."""
+    return self.apply(params, stats, x, train=False, inference=True)[0]
 
 
 class InputTooSmall(ValueError):
@@ -194,18 +219,23 @@ def model_factory(name: str) -> Callable[..., StagedModel]:
 
 
 def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
-              **options: Any) -> StagedModel:
+              eval_conv_impl: str = "auto", **options: Any) -> StagedModel:
   """Builds a registered model initialised by ``init``
-  (:data:`jsfl.models.inits.INITS`); unknown names give a clear ValueError,
-  as does an input too small for it."""
+  (:data:`jsfl.models.inits.INITS`), evaluated in ``eval_conv_impl``
+  (:func:`jsfl.models.layers.inference_conv_impl`); unknown names give a
+  clear ValueError, as does an input too small for it."""
   if name not in _REGISTRY:
     raise ValueError(f"model={name!r}; allowed: {', '.join(model_names())}")
   from jsfl.models.inits import INITS
   if init not in INITS:
     raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
+  from jsfl.models.layers import EVAL_CONV_IMPLS
+  if eval_conv_impl not in EVAL_CONV_IMPLS:
+    raise ValueError(f"eval_conv_impl={eval_conv_impl!r}; allowed: "
+                     f"{', '.join(EVAL_CONV_IMPLS)}")
   try:
     return _cached(name, tuple(input_shape), int(num_classes),
-                   tuple(sorted(options.items())), init)
+                   tuple(sorted(options.items())), init, eval_conv_impl)
   except InputTooSmall as e:
     # The net for models without their own check_input_size.
     raise ValueError(f"{name}: input_shape={tuple(input_shape)!r} is too small "
@@ -215,11 +245,12 @@ def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
 _CACHE: dict = {}
 
 
-def _cached(name, input_shape, num_classes, options, init):
-  key = (name, input_shape, num_classes, options, init)
+def _cached(name, input_shape, num_classes, options, init, eval_conv_impl):
+  key = (name, input_shape, num_classes, options, init, eval_conv_impl)
   if key not in _CACHE:
     model = _REGISTRY[name](input_shape, num_classes, **dict(options))
-    _CACHE[key] = dataclasses.replace(model, init_scheme=init)
+    _CACHE[key] = dataclasses.replace(model, init_scheme=init,
+                                      eval_conv_impl=eval_conv_impl)
   return _CACHE[key]
 
 

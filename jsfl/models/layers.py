@@ -44,6 +44,35 @@ def default_conv_impl(backend: str | None = None) -> str:
   return "im2col" if backend == "cpu" else "xla"
 
 
+EVAL_CONV_IMPLS = ("auto", "same") + CONV_IMPLS
+
+
+def inference_conv_impl(impl: str, kernel_shape, choice: str = "auto",
+                        backend: str | None = None) -> str:
+  """The lowering of one dense conv in an evaluation forward (no gradient).
+
+  ``choice``: ``"same"`` keeps the training lowering ``impl``; ``"xla"`` or
+  ``"im2col"`` forces one; ``"auto"`` is the backend's measured faster
+  forward.  On XLA:CPU that is ``xla`` for a spatial kernel over >= 8 input
+  channels (3.5-4x faster than im2col there: its nine shifted copies are the
+  cost, and a forward has no slow weight gradient to avoid) and the training
+  lowering otherwise (im2col wins on one- or three-channel inputs and strided
+  stems); elsewhere the training lowering.  Measured in
+  ``benchmarks/eval_lowering.py`` (``benchmarks/README.md``).
+  """
+  if choice not in EVAL_CONV_IMPLS:
+    raise ValueError(f"eval_conv_impl={choice!r}; allowed: {EVAL_CONV_IMPLS}")
+  if choice == "same":
+    return impl
+  if choice != "auto":
+    return choice
+  kh, kw, cin, _ = kernel_shape
+  backend = backend or jax.default_backend()
+  if backend == "cpu" and kh * kw > 1 and cin >= 8:
+    return "xla"
+  return impl
+
+
 def default_depthwise_impl(backend: str | None = None) -> str:
   """The measured-fastest depthwise lowering for ``backend`` (cpu -> shifts)."""
   backend = backend or jax.default_backend()
@@ -146,6 +175,11 @@ class Conv(nnx.Module):
     self.kernel = nnx.Param(_he_normal(rngs.params(), (kernel, kernel, cin, cout)))
     self.bias = nnx.Param(jnp.zeros((cout,))) if use_bias else None
     self.stride, self.padding, self.impl = stride, padding, impl
+
+  def for_inference(self, choice: str) -> None:
+    """Switches this (abstract) layer to its evaluation lowering
+    (:func:`inference_conv_impl`); the parameters are unchanged."""
+    self.impl = inference_conv_impl(self.impl, self.kernel.shape, choice)
 
   def __call__(self, x, *, train: bool = False, mask=None):
     y = conv2d(x, self.kernel[...], stride=self.stride, padding=self.padding,

@@ -22,7 +22,7 @@ from jsfl.statistics import (
 IGNORED_FIELDS = frozenset({"run.name", "run.out_dir", "run.dir", "run.seed", "run.seeds",
                             "run.trackers", "run.profile", "run.divergence_loss",
                             "dataset.data_dir", "dataset.download", "model.conv_impl",
-                            "model.depthwise_impl"})
+                            "model.eval_conv_impl", "model.depthwise_impl"})
 IGNORED_SECTIONS = ("exec",)
 MISSING = "-"  # a config field a run does not have (e.g. another method's option)
 

@@ -71,10 +71,11 @@ def started(run_dir: str) -> bool:
 
 
 def comparable(cfg: dict) -> dict:
-  """``cfg`` without where, how visibly and how packed it runs
-  (:data:`jsfl.slots.WHERE_FIELDS`): what a finished cell is compared on."""
+  """``cfg`` without where, how visibly and how packed it runs, and how it
+  evaluates (:data:`jsfl.slots.WHERE_FIELDS`, :data:`jsfl.slots.EVAL_HOW_FIELDS`):
+  what a finished cell is compared on."""
   cfg = copy.deepcopy(cfg)
-  for s, k in slots.WHERE_FIELDS:
+  for s, k in slots.WHERE_FIELDS + slots.EVAL_HOW_FIELDS:
     cfg.get(s, {}).pop(k, None)
   return cfg
 
