@@ -1,8 +1,11 @@
-"""Speed of SFL and Hydra rounds, jsfl against the Hydra authors' code.
+"""Speed of SFL, Hydra and MultiSFL rounds, jsfl against the authors' code.
 
-The cells are those of the cross-check (``experiments/hydra/authors.toml``):
+The cells are those of the Hydra cross-check (``experiments/hydra/authors.toml``):
 Fashion-MNIST, the 6,000-image subset, 80%-DL, 10 clients, batch 64, small
-CNN cut 2 (``--model mobilenet``: MobileNetV1 width 0.5, cut 4).  Per cell
+CNN cut 2 (``--model mobilenet``: MobileNetV1 width 0.5, cut 4); and
+``--model multisfl``: MultiSFL in its authors' setting
+(``experiments/multisfl/fmnist_authors.toml``, their code through
+``experiments/multisfl/authors_code/run.sh``).  Per cell
 and repeat the two sides run one after the other (authors, jsfl, authors,
 jsfl, ...), so a load that changes hits both alike:
 
@@ -28,7 +31,10 @@ side by side), against a measured f32 matmul peak.
     python benchmarks/hydra_vs_authors.py --cells sfl_cyclic hydra_cyclic --rounds 5
     # equal cores: their code as one process per core, jsfl with 5 seeds a program
     python benchmarks/hydra_vs_authors.py --procs 2 --seeds 5 --rounds 15
+    python benchmarks/hydra_vs_authors.py --procs 2 --seeds 5 --rounds 15 --cache warm
     python benchmarks/hydra_vs_authors.py --model mobilenet --rounds 3
+    # MultiSFL in its authors' setting (their recipe in experiments/multisfl/authors_code/)
+    python benchmarks/hydra_vs_authors.py --model multisfl --procs 2 --seeds 5 --rounds 5
 
 Writes ``results/hydra_vs_authors-<model>-<host>-<time>.json``.
 """
@@ -49,15 +55,25 @@ import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 RECIPE = os.path.join(ROOT, "experiments/hydra/authors_code/run.sh")
+MULTISFL_RECIPE = os.path.join(ROOT, "experiments/multisfl/authors_code/run.sh")
 CONFIGS = {"small_cnn": "experiments/hydra/fmnist.toml",
-           "mobilenet": "experiments/hydra/fmnist_mobilenet.toml"}
-# run.sh's cell -> the jsfl overrides of the same cell (authors.toml)
+           "mobilenet": "experiments/hydra/fmnist_mobilenet.toml",
+           "multisfl": "experiments/multisfl/fmnist_authors.toml"}
+CLONES = {"small_cnn": "/work/authors/Hydra", "mobilenet": "/work/authors/Hydra",
+          "multisfl": "/work/authors/MultiSFL"}
+# run.sh's cell -> the jsfl overrides of the same cell (authors.toml); the
+# multisfl "model" is MultiSFL's own setting (its authors' recipe, small CNN
+# with BatchNorm, 100 clients, 10 a round, E = 5, full Fashion-MNIST).
 CELLS = {
     "sfl_cyclic": ["method.name=sfl", "method.order=cyclic"],
     "sfl_random": ["method.name=sfl", "method.order=random"],
     "hydra_cyclic": ["method.name=hydra", "method.order=cyclic"],
     "hydra_random": ["method.name=hydra", "method.order=random"],
+    "multisfl": ["method.name=multisfl"],
 }
+MODEL_CELLS = {"small_cnn": ("sfl_cyclic", "sfl_random", "hydra_cyclic", "hydra_random"),
+               "mobilenet": ("sfl_cyclic", "sfl_random", "hydra_cyclic", "hydra_random"),
+               "multisfl": ("multisfl",)}
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -108,6 +124,11 @@ def authors_run(cell: str, model: str, rounds: int, clone: str, py: str,
       env = dict(os.environ, MODEL=model, ROUNDS=str(rounds), SEEDS=str(seed), CELLS=cell,
                  CLONE=clone, PY=py, THREADS="1")
       out = os.path.join(tmp, str(seed))
+      if model == "multisfl":  # its recipe: LOG_DIR/MultiSFL_seed<S>.jsonl
+        env["ALGOS"] = "MultiSFL"
+        jobs.append((["bash", MULTISFL_RECIPE, out],
+                     os.path.join(out, f"MultiSFL_seed{seed}.jsonl"), {"env": env}))
+        continue
       jobs.append((["bash", RECIPE, out], os.path.join(out, model, f"{cell}_seed{seed}.jsonl"),
                    {"env": env}))
     total, first, cpu = timed(jobs)
@@ -122,18 +143,30 @@ def authors_run(cell: str, model: str, rounds: int, clone: str, py: str,
           "round_s": [r["train_s"] for r in runs[0]]}
 
 
-def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: str) -> dict:
+def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: str,
+             cache: str = "off") -> dict:
+  """``cache``: ``off`` (every program compiled in the timed run) or
+  ``warm`` (a one-round run of the same cell and seeds fills a fresh
+  compilation cache first, untimed: what every later run of a config finds)."""
   with tempfile.TemporaryDirectory() as tmp:
+    env = dict(os.environ, JSFL_COMPILE_CACHE="off" if cache == "off"
+               else os.path.join(tmp, "cache"))
+
+    def cmd(out, n):
+      return [jsfl, "run", os.path.join(ROOT, CONFIGS[model]), *CELLS[cell],
+              f"run.seeds={seeds}", f"run.rounds={n}", "run.checkpoint_every=0",
+              f"run.dir={out}", "--quiet"]
+    if cache == "warm":
+      subprocess.run(cmd(os.path.join(tmp, "warmup"), 1), cwd=ROOT, env=env, check=True,
+                     stdout=subprocess.DEVNULL)
     out = os.path.join(tmp, "run")
-    cmd = [jsfl, "run", os.path.join(ROOT, CONFIGS[model]), *CELLS[cell],
-           f"run.seeds={seeds}", f"run.rounds={rounds}", "run.checkpoint_every=0",
-           f"run.dir={out}", "--quiet"]
-    total, (first,), cpu = timed([(cmd, os.path.join(out, "metrics.jsonl"), {"cwd": ROOT})])
+    total, (first,), cpu = timed([(cmd(out, rounds), os.path.join(out, "metrics.jsonl"),
+                                   {"cwd": ROOT, "env": env})])
     recs = read_jsonl(os.path.join(out, "metrics.jsonl"))
   walls = {r["round"]: r["wall_s"] for r in recs}
   later = [r for r in recs if r["round"] > 1]
   train = sum(w for k, w in walls.items() if k > 1)
-  return {"side": "jsfl", "cell": cell, "seeds": seeds, "rounds": rounds,
+  return {"side": "jsfl", "cell": cell, "seeds": seeds, "rounds": rounds, "cache": cache,
           "samples_per_s_per_seed": sum(r["samples"] for r in later) / train / seeds,
           "process_s_per_seed_run": total / seeds, "first_round_s": first,
           "first_round_wall_s": walls[1], "cpu_s_per_seed_round": cpu / (seeds * rounds),
@@ -141,7 +174,8 @@ def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: str) -> dict:
           "round_s": [walls[k] for k in sorted(walls)]}
 
 
-MODELS = {"small_cnn": ("small_cnn", {}), "mobilenet": ("mobilenet_v1", {"width": 0.5})}
+MODELS = {"small_cnn": ("small_cnn", {}), "mobilenet": ("mobilenet_v1", {"width": 0.5}),
+          "multisfl": ("small_cnn", {"norm": "batch"})}
 
 
 def train_flops_per_sample(model: str, batch: int = 64) -> float:
@@ -197,11 +231,23 @@ def main() -> None:
   ap.add_argument("--procs", type=int, default=1,
                   help="the authors' one-thread processes side by side (one seed each)")
   ap.add_argument("--repeats", type=int, default=2)
-  ap.add_argument("--clone", default=os.environ.get("CLONE", "/work/authors/Hydra"))
+  ap.add_argument("--cache", choices=("off", "warm"), default="off",
+                  help="jsfl's compilation cache: off, or warm (filled by an untimed "
+                       "one-round run of the same cell first)")
+  ap.add_argument("--clone", default=os.environ.get("CLONE"),
+                  help="the authors' adapted clone (default: /work/authors/Hydra, or "
+                       "/work/authors/MultiSFL for --model multisfl)")
   ap.add_argument("--py", default=os.environ.get("PY", "/work/authors/venv/bin/python"))
   ap.add_argument("--jsfl", default=shutil.which("jsfl") or "jsfl")
   ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
   args = ap.parse_args()
+  args.clone = args.clone or CLONES[args.model]
+  if args.model == "multisfl" and args.cells == ap.get_default("cells"):
+    args.cells = ["multisfl"]
+  bad = [c for c in args.cells if c not in MODEL_CELLS[args.model]]
+  if bad:
+    ap.error(f"--cells {' '.join(bad)} for --model {args.model}; allowed: "
+             f"{', '.join(MODEL_CELLS[args.model])}")
 
   flops = train_flops_per_sample(args.model)
   peak = matmul_flops_per_s()
@@ -213,8 +259,10 @@ def main() -> None:
       for side in ("authors", "jsfl"):
         row = (authors_run(cell, args.model, args.rounds, args.clone, args.py, args.procs)
                if side == "authors" else
-               jsfl_run(cell, args.model, args.rounds, args.seeds, args.jsfl))
+               jsfl_run(cell, args.model, args.rounds, args.seeds, args.jsfl, args.cache))
         row["repeat"] = rep
+        # all the machine's training: every process or slot side by side
+        row["samples_per_s"] = row["samples_per_s_per_seed"] * row["seeds"]
         # every process or slot of the row trains at samples_per_s_per_seed
         row["gflop_per_s"] = row["samples_per_s_per_seed"] * row["seeds"] * flops / 1e9
         row["of_peak"] = row["gflop_per_s"] * 1e9 / peak
@@ -225,8 +273,8 @@ def main() -> None:
               f"{row['first_round_s']:5.1f} s to round 1  "
               f"{row['gflop_per_s']:5.1f} GFLOP/s ({row['of_peak']:.0%} of peak)", flush=True)
 
-  print(f"\n| cell | side | samples/s per seed | s per seed-run ({args.rounds} rounds) | "
-        "CPU-s per seed-round | s to round 1 |")
+  print(f"\n| cell | side | training samples/s (all seeds) | s per seed-run "
+        f"({args.rounds} rounds) | CPU-s per seed-round | s to round 1 |")
   print("| --- | --- | --- | --- | --- | --- |")
   summary = []
   for cell in args.cells:
@@ -234,7 +282,7 @@ def main() -> None:
     for side in ("authors", "jsfl"):
       got = [r for r in rows if r["cell"] == cell and r["side"] == side]
       med[side] = tuple(statistics.median(r[k] for r in got) for k in (
-          "samples_per_s_per_seed", "process_s_per_seed_run", "cpu_s_per_seed_round",
+          "samples_per_s", "process_s_per_seed_run", "cpu_s_per_seed_round",
           "first_round_s"))
       print(f"| {cell} | {side} | {med[side][0]:,.0f} | {med[side][1]:.1f} | "
             f"{med[side][2]:.2f} | {med[side][3]:.1f} |")
