@@ -88,12 +88,14 @@ class StagedModel:
                        f"{len(self.stage_names)} stage names")
     object.__setattr__(self, "_graphdefs", tuple(graphdefs))
     object.__setattr__(self, "_abstract", tuple(abstract))
-    object.__setattr__(self, "_inference_graphdefs", self._for_inference())
+    object.__setattr__(self, "_inference_graphdefs", self._for_inference(stages))
 
-  def _for_inference(self) -> tuple:
+  def _for_inference(self, stages) -> tuple:
+    """The evaluation graph definitions: the same abstract stages, their
+    convolutions switched to ``eval_conv_impl`` (the training ones are
+    already split off)."""
     if self.eval_conv_impl == "same":
       return self._graphdefs
-    stages = nnx.eval_shape(lambda: list(self.build(nnx.Rngs(0))))
     for s in stages:
       for _, node in nnx.iter_graph(s):
         if hasattr(node, "for_inference"):

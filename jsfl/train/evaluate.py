@@ -23,10 +23,15 @@ def default_eval_batch(backend: str | None = None) -> int:
   return EVAL_BATCH_CPU if backend == "cpu" else EVAL_BATCH_ACCELERATOR
 
 
+def eval_chunk(setting: int) -> int:
+  """``exec.eval_batch`` resolved: ``0`` is :func:`default_eval_batch`."""
+  return setting or default_eval_batch()
+
+
 def chunk_test_set(x, y, chunk: int):
   """Pads the test set to whole chunks: ``(C, chunk, ...)`` arrays and a mask
   (``chunk = 0``: :func:`default_eval_batch`)."""
-  chunk = chunk or default_eval_batch()
+  chunk = eval_chunk(chunk)
   m = x.shape[0]
   chunk = min(chunk, m)
   c = -(-m // chunk)

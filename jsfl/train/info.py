@@ -15,7 +15,7 @@ import jax
 from jsfl.core import sharding
 from jsfl.models import layers
 from jsfl.train import compile_cache
-from jsfl.train.evaluate import default_eval_batch
+from jsfl.train.evaluate import eval_chunk
 from jsfl.train.lifecycle import versions
 from jsfl.train.programs import default_client_exec, default_seed_exec
 
@@ -89,7 +89,7 @@ def config_lines(cfg: dict) -> list[str]:
       f"  exec.mesh = {x['mesh']} -> {mesh_text}",
       f"  model.conv_impl = {conv} -> {layers.default_conv_impl() if conv == 'auto' else conv}",
       f"  model.eval_conv_impl = {cfg['model']['eval_conv_impl']}",
-      f"  exec.eval_batch = {x['eval_batch']} -> {x['eval_batch'] or default_eval_batch()}",
+      f"  exec.eval_batch = {x['eval_batch']} -> {eval_chunk(x['eval_batch'])}",
       f"  model.depthwise_impl = {dw} -> "
       f"{layers.default_depthwise_impl() if dw == 'auto' else dw}",
       f"  exec.compile_cache = {x['compile_cache']} -> "

@@ -16,7 +16,7 @@ from jsfl import __version__, checkpoint, rundir
 from jsfl import config as config_lib
 from jsfl.errors import Diverged
 from jsfl.models import layers
-from jsfl.train.evaluate import default_eval_batch
+from jsfl.train.evaluate import eval_chunk
 from jsfl.train.programs import default_seed_exec
 from jsfl.train.records import slot_name
 
@@ -45,7 +45,7 @@ def write_run_files(cfg: dict, exp, out: str, mesh) -> None:
                    "max_client_size": setup.max_size, "seeds": seeds,
                    "conv_impl": cfg["model"]["conv_impl"],
                    "default_conv_impl": layers.default_conv_impl(),
-                   "eval_batch": cfg["exec"]["eval_batch"] or default_eval_batch(),
+                   "eval_batch": eval_chunk(cfg["exec"]["eval_batch"]),
                    "client_exec": setup.client_exec,
                    "seed_exec": (default_seed_exec() if cfg["exec"]["seed_exec"] == "auto"
                                  else cfg["exec"]["seed_exec"]),
