@@ -120,6 +120,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                              "(jsfl.models.layers.inference_conv_impl); same = conv_impl",
                              ("auto", "same", "xla", "im2col")),
         "depthwise_impl": _f(str, "auto", "depthwise conv lowering", ("auto", "grouped", "shifts")),
+        "padding": _f(str, "torch", "padding of the convolutions: torch = PyTorch's "
+                      "kernel // 2 on every side (what the papers' models compute); same "
+                      "= XLA's SAME (differs at stride 2 on an even size)", ("torch", "same")),
     },
     "method": {
         "name": _f(str, "sfl", "method", tuple(METHODS)),
@@ -272,6 +275,25 @@ def load_config(path: str | None = None, overrides: Sequence[str] = ()) -> dict:
       raise ConfigError(f"config section {s!r} must be a table")
     raw[s][k] = v
   return resolve(raw)
+
+
+# model.padding arrived after runs were written with XLA's SAME everywhere:
+# on these models (a stride-2 3x3 convolution over an even size) "same" is
+# what a stored config without the key ran; on the others both conventions
+# compute the same function, so the default stands for them.
+PADDING_SENSITIVE_MODELS = ("mobilenet_v1", "mobilenet_v2", "resnet18")
+
+
+def as_it_ran(stored: dict) -> dict:
+  """A stored config (config.json's ``config``) with the keys added since it
+  was written set to what its run computed where the new default differs
+  (:data:`PADDING_SENSITIVE_MODELS`); a copy, the input is left as it is."""
+  stored = copy.deepcopy(stored)
+  model = stored.get("model")
+  if (isinstance(model, dict) and "padding" not in model
+      and model.get("name", SCHEMA["model"]["name"].default) in PADDING_SENSITIVE_MODELS):
+    model["padding"] = "same"
+  return stored
 
 
 def resolve(raw: dict) -> dict:

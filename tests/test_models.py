@@ -95,7 +95,7 @@ def _lowering_cases(fn, impls, kernel, kernel_io, channels):
   rng = np.random.default_rng(kernel)
   w = rng.normal(size=(kernel, kernel) + kernel_io).astype(np.float32) / kernel
   x = rng.normal(size=(2, 9, 10, channels)).astype(np.float32)
-  cases = [(s, p) for s in (1, 2) for p in ("SAME", "VALID")]
+  cases = [(s, p) for s in (1, 2) for p in layers.PADDINGS]
   cots = []
   for s, p in cases:
     shape = jax.eval_shape(functools.partial(
@@ -123,7 +123,7 @@ def test_conv2d_im2col_matches_xla_values_and_grads(kernel):
   cases, results = _lowering_cases(layers.conv2d, ("xla", "im2col"), kernel,
                                    (3, 4), 3)
   for (stride, padding), (outs, grads) in zip(cases, results):
-    if padding == "SAME":
+    if padding in ("SAME", "TORCH"):  # odd kernels: the same shapes
       expect = (2, -(-9 // stride), -(-10 // stride), 4)
     else:
       expect = (2, (9 - kernel) // stride + 1, (10 - kernel) // stride + 1, 4)
@@ -143,6 +143,55 @@ def test_depthwise_shifts_matches_grouped_values_and_grads(kernel):
     assert float(jnp.abs(outs[0]).max()) > 0.1
     _close(outs[1], outs[0])
     _close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("impl", layers.CONV_IMPLS)
+def test_torch_padding_is_kernel_half_on_every_side(impl):
+  """TORCH = zero-pad ``k // 2`` on every side, then VALID (PyTorch's
+  ``padding=k // 2``); at stride 2 on an even size SAME pads (0, 1) instead,
+  another function with the same output shape."""
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(2, 8, 10, 4)).astype(np.float32)
+  w = rng.normal(size=(3, 3, 4, 5)).astype(np.float32)
+  dw = rng.normal(size=(3, 3, 1, 4)).astype(np.float32)
+  padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+  for stride in (1, 2):
+    conv = layers.conv2d(x, w, stride=stride, padding="TORCH", impl=impl)
+    _close(conv, layers.conv2d(padded, w, stride=stride, padding="VALID", impl="xla"))
+    depth = layers.depthwise_conv2d(x, dw, stride=stride, padding="TORCH",
+                                    impl="shifts" if impl == "im2col" else "grouped")
+    _close(depth, layers.depthwise_conv2d(padded, dw, stride=stride,
+                                          padding="VALID", impl="grouped"))
+    same = layers.conv2d(x, w, stride=stride, padding="SAME", impl=impl)
+    chex.assert_equal_shape([conv, same])
+    assert np.allclose(conv, same, atol=1e-4) == (stride == 1)
+  with pytest.raises(ValueError, match="padding='FULL'; allowed: SAME, VALID, TORCH"):
+    layers.conv2d(x, w, padding="FULL", impl=impl)
+
+
+@pytest.mark.parametrize("name", [
+    "small_cnn", "lenet5", "alexnet", "vgg16", "mobilenet_v1", "resnet18",
+    pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
+def test_padding_changes_exactly_the_models_config_lists(name):
+  """``padding="torch"`` (the default) against XLA's SAME on Fashion-MNIST's
+  28x28 (even down to 14 on every stride-2 model): another function exactly
+  on the models whose stored configs without ``model.padding`` are read as
+  ``same`` (``config.PADDING_SENSITIVE_MODELS``); the parameters are shared."""
+  from jsfl import config
+  kw = {"width": 0.125} if name in ("mobilenet_v1", "mobilenet_v2", "resnet18", "vgg16") else {}
+  shape = SHAPES[1]
+  torch_m = get_model(name, shape, NUM_CLASSES, **kw, **XLA)
+  same_m = get_model(name, shape, NUM_CLASSES, padding="same", **kw, **XLA)
+  assert torch_m.padding == "torch" and same_m.padding == "same"
+  params, stats = _init(torch_m)
+  chex.assert_trees_all_equal_shapes(params, _init(same_m)[0])
+  x = _batch(shape, n=2)
+  a = torch_m.apply(params, stats, x, train=True)[0]
+  b = same_m.apply(params, stats, x, train=True)[0]
+  assert (not np.allclose(a, b, rtol=1e-4, atol=1e-4)) == (
+      name in config.PADDING_SENSITIVE_MODELS)
+  with pytest.raises(ValueError, match="padding='valid'; allowed: torch, same"):
+    get_model(name, SHAPES[0], NUM_CLASSES, padding="valid", **kw)
 
 
 def test_lowering_names_are_validated():
@@ -548,3 +597,72 @@ def test_torch_init_refuses_a_parameter_without_a_rule():
     inits.torch_init(Odd(), jax.random.key(0))
   with pytest.raises(ValueError, match="init='glorot'; allowed: torch, he_lecun"):
     get_model("small_cnn", (28, 28, 1), 10, init="glorot")
+
+
+# ------------------------------------------------- against PyTorch's model
+def _torch_reference():
+  import importlib.util
+  import pathlib
+  root = pathlib.Path(__file__).resolve().parent.parent
+  spec = importlib.util.spec_from_file_location(
+      "torch_reference", root / "experiments/hydra/authors_code/torch_reference.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod, np.load(root / "tests/data/mobilenet_v1_torch.npz")
+
+
+def test_mobilenet_v1_computes_pytorchs_function():
+  """jsfl's MobileNetV1 at its defaults is the PyTorch model the Hydra
+  cross-check runs (experiments/hydra/authors_code/models/mobilenet.py): from
+  the same float64 weights, a train-mode forward and backward and the
+  running statistics it leaves, then an eval forward, agree with PyTorch's
+  (``torch_reference.py`` wrote them) to float64 round-off; with XLA's SAME
+  padding they do not (a stride-2 layer samples the input one pixel off)."""
+  ref, want = _torch_reference()
+  x, y = ref.batch()
+
+  def flat(tree):
+    return {"/".join(str(k.key) for k in path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+  with jax.enable_x64(True):
+    results = {}
+    for padding in ("torch", "same"):
+      m = get_model("mobilenet_v1", ref.SHAPE, ref.NUM_CLASSES, width=ref.WIDTH,
+                    padding=padding, **FAST_CPU)
+      abstract = jax.eval_shape(m.init, jax.random.key(0))
+      params, stats = (tuple(jax.tree_util.tree_map_with_path(
+          lambda p, a, i=i: np.asarray(ref.shared_value(
+              f"{i}/" + "/".join(str(k.key) for k in p), a.shape)), t)
+          for i, t in enumerate(tree)) for tree in abstract)
+      params, stats = jax.tree.map(jnp.asarray, (params, stats))
+
+      def loss(p, m=m, stats=stats):
+        logits, new_stats = m.apply(p, stats, jnp.asarray(x), train=True)
+        nll = -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
+        return nll, (logits, new_stats)
+
+      if padding == "same":  # its logits alone
+        results[padding] = np.asarray(m.apply(params, stats, jnp.asarray(x), train=True)[0])
+        continue
+      (l, (logits, new_stats)), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+      evaluated = jax.jit(m.logits)(params, new_stats, jnp.asarray(x))
+      # numpy from here on: a jax op outside this context would be float32
+      results[padding] = jax.tree.map(np.asarray, (l, logits, g, new_stats, evaluated))
+
+  l, logits, g, new_stats, evaluated = results["torch"]
+  assert logits.dtype == np.float64
+  np.testing.assert_allclose(logits, want["logits_train"], rtol=1e-9, atol=1e-9)
+  np.testing.assert_allclose(float(l), float(want["loss"]), rtol=1e-10)
+  grads = {f"{i}/{k}": v for i, t in enumerate(g) for k, v in flat(t).items()}
+  assert len(grads) == sum(k.startswith("grad_norm:") for k in want.files) == 83
+  for path, v in grads.items():
+    np.testing.assert_allclose(np.linalg.norm(v), want[f"grad_norm:{path}"], rtol=1e-8)
+    np.testing.assert_allclose(np.sum(v * ref.projection(path, v.shape)),
+                               want[f"grad_dot:{path}"], rtol=1e-7, atol=1e-9)
+  for i, t in enumerate(new_stats):
+    for k, v in flat(t).items():  # the running variance moves unbiased
+      np.testing.assert_allclose(np.sum(v * ref.projection(f"{i}/{k}", v.shape)),
+                                 want[f"stat_dot:{i}/{k}"], rtol=1e-9, atol=1e-9)
+  np.testing.assert_allclose(evaluated, want["logits_eval"], rtol=1e-8, atol=1e-8)
+  assert not np.allclose(results["same"], want["logits_train"], rtol=1e-3, atol=1e-3)

@@ -606,3 +606,27 @@ def test_config_diff_leaves_out_how_evaluation_is_lowered_and_chunked(tmp_path):
   old["optim"]["lr"] = 0.01
   (run / "config.json").write_text(json.dumps({"config": old}))
   assert sweep.config_diff(str(run), cfg) == ["optim.lr"]
+
+
+@pytest.mark.parametrize("model,ran", [("mobilenet_v1", "same"), ("resnet18", "same"),
+                                       ("small_cnn", "torch")])
+def test_a_config_from_before_model_padding_is_read_as_it_ran(tmp_path, model, ran):
+  """Runs written before ``model.padding`` padded with XLA's SAME: on the
+  models where that is another function (config.PADDING_SENSITIVE_MODELS)
+  a finished cell differs from today's default and a resumed run keeps
+  SAME; elsewhere the two conventions agree and nothing is redone."""
+  from jsfl import config as config_lib
+  from jsfl.train import lifecycle
+  cfg = config_lib.load_config(None, [f"model.name={model}"])
+  old = json.loads(json.dumps(cfg))
+  del old["model"]["padding"]
+  run = tmp_path / "cell"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"config": old}))
+  assert sweep.config_diff(str(run), cfg) == ([] if ran == "torch" else ["model.padding"])
+  cfg["model"]["padding"] = "same"
+  assert sweep.config_diff(str(run), cfg) == []  # the same function either way
+  resumed, _ = lifecycle.read_run_config(str(run), None)
+  assert resumed["model"]["padding"] == ran
+  assert "padding" not in old["model"]  # read, not rewritten
+  assert "padding" not in json.loads((run / "config.json").read_text())["config"]["model"]

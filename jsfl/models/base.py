@@ -54,6 +54,11 @@ class StagedModel:
       :func:`jsfl.models.layers.inference_conv_impl`'s ``choice``.  The
       same parameters, another program: evaluation needs no gradient, so it
       may take the lowering whose forward is fastest.
+    padding: the convention of its SAME-padded layers
+      (:data:`jsfl.models.layers.PADDING_MODES`): ``"torch"`` pads them
+      ``kernel // 2`` on every side as the PyTorch models the papers ran
+      (another function from XLA's SAME at stride 2 on an even size);
+      ``"same"`` keeps XLA's SAME.  The parameters are the same either way.
   """
 
   name: str
@@ -66,6 +71,7 @@ class StagedModel:
   head_cuts: tuple = ()  # ((name, cut), ...): hashable presets
   init_scheme: str = "he_lecun"
   eval_conv_impl: str = "same"
+  padding: str = "same"
   # Set once in __post_init__ (the dataclass is frozen): one graph definition
   # and one abstract (params, stats) pair per stage, and the graph
   # definitions of evaluation forwards.
@@ -75,6 +81,11 @@ class StagedModel:
 
   def __post_init__(self):
     stages = nnx.eval_shape(lambda: list(self.build(nnx.Rngs(0))))
+    if self.padding == "torch":
+      for s in stages:
+        for _, node in nnx.iter_graph(s):
+          if hasattr(node, "use_torch_padding"):
+            node.use_torch_padding()
     graphdefs, abstract = [], []
     for s in stages:
       g, p, b, rest = nnx.split(s, nnx.Param, nnx.BatchStat, ...)
@@ -221,11 +232,13 @@ def model_factory(name: str) -> Callable[..., StagedModel]:
 
 
 def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
-              eval_conv_impl: str = "auto", **options: Any) -> StagedModel:
+              eval_conv_impl: str = "auto", padding: str = "torch",
+              **options: Any) -> StagedModel:
   """Builds a registered model initialised by ``init``
   (:data:`jsfl.models.inits.INITS`), evaluated in ``eval_conv_impl``
-  (:func:`jsfl.models.layers.inference_conv_impl`); unknown names give a
-  clear ValueError, as does an input too small for it."""
+  (:func:`jsfl.models.layers.inference_conv_impl`), its SAME layers padded
+  by the ``padding`` convention (:attr:`StagedModel.padding`); unknown names
+  give a clear ValueError, as does an input too small for it."""
   if name not in _REGISTRY:
     raise ValueError(f"model={name!r}; allowed: {', '.join(model_names())}")
   from jsfl.models.inits import INITS
@@ -235,9 +248,12 @@ def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
   if eval_conv_impl not in EVAL_CONV_IMPLS:
     raise ValueError(f"eval_conv_impl={eval_conv_impl!r}; allowed: "
                      f"{', '.join(EVAL_CONV_IMPLS)}")
+  from jsfl.models.layers import PADDING_MODES
+  if padding not in PADDING_MODES:
+    raise ValueError(f"padding={padding!r}; allowed: {', '.join(PADDING_MODES)}")
   try:
     return _cached(name, tuple(input_shape), int(num_classes),
-                   tuple(sorted(options.items())), init, eval_conv_impl)
+                   tuple(sorted(options.items())), init, eval_conv_impl, padding)
   except InputTooSmall as e:
     # The net for models without their own check_input_size.
     raise ValueError(f"{name}: input_shape={tuple(input_shape)!r} is too small "
@@ -247,12 +263,12 @@ def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
 _CACHE: dict = {}
 
 
-def _cached(name, input_shape, num_classes, options, init, eval_conv_impl):
-  key = (name, input_shape, num_classes, options, init, eval_conv_impl)
+def _cached(name, input_shape, num_classes, options, init, eval_conv_impl, padding):
+  key = (name, input_shape, num_classes, options, init, eval_conv_impl, padding)
   if key not in _CACHE:
     model = _REGISTRY[name](input_shape, num_classes, **dict(options))
     _CACHE[key] = dataclasses.replace(model, init_scheme=init,
-                                      eval_conv_impl=eval_conv_impl)
+                                      eval_conv_impl=eval_conv_impl, padding=padding)
   return _CACHE[key]
 
 

@@ -46,7 +46,7 @@ def torch_init(module: nnx.Module, key: jax.Array) -> None:
     elif isinstance(node, nnx.Linear):
       kernel, bias = node.kernel, node.bias
       fan_in = kernel[...].shape[0]
-    elif isinstance(node, (nnx.BatchNorm, nnx.GroupNorm, nnx.LayerNorm)):
+    elif isinstance(node, (layers.BatchNorm, nnx.BatchNorm, nnx.GroupNorm, nnx.LayerNorm)):
       done.update(id(v) for v in (node.scale, node.bias) if v is not None)
       continue  # ones and zeros, as PyTorch's
     else:

@@ -36,6 +36,16 @@ Norm = Literal["batch", "group", "none"]
 CONV_IMPLS = ("xla", "im2col")
 DEPTHWISE_IMPLS = ("grouped", "shifts")
 NORMS = ("batch", "group", "none")
+# A layer's padding: XLA's SAME (a stride-2 3x3 conv over an even size pads
+# (0, 1): the extra zero goes after), VALID, or TORCH, PyTorch's
+# ``padding=kernel // 2`` on every side ((1, 1) there).  Both give the same
+# output shapes and agree at stride 1; at stride 2 on an even size they
+# sample the input one pixel apart, so a model ported from PyTorch needs
+# TORCH to compute the same function.
+PADDINGS = ("SAME", "VALID", "TORCH")
+# A model's padding convention (get_model's ``padding``): torch turns every
+# SAME layer into TORCH; same leaves them.
+PADDING_MODES = ("torch", "same")
 
 
 def default_conv_impl(backend: str | None = None) -> str:
@@ -85,17 +95,31 @@ def _same_pads(size: int, k: int, s: int) -> tuple[int, int, int]:
   return out, total // 2, total - total // 2
 
 
+def _torch_pads(size: int, k: int, s: int) -> tuple[int, int, int]:
+  return (size + 2 * (k // 2) - k) // s + 1, k // 2, k // 2
+
+
+def _lax_padding(padding: str, kh: int, kw: int):
+  """``padding`` as ``lax.conv_general_dilated`` takes it."""
+  if padding == "TORCH":
+    return ((kh // 2, kh // 2), (kw // 2, kw // 2))
+  if padding not in PADDINGS:
+    raise ValueError(f"padding={padding!r}; allowed: {', '.join(PADDINGS)}")
+  return padding
+
+
 def _patches(x: jax.Array, kh: int, kw: int, stride: int, padding: str):
   """Shifted strided views of ``x`` (NHWC), one per kernel tap."""
   _, h, w, _ = x.shape
-  if padding == "SAME":
-    oh, ph0, ph1 = _same_pads(h, kh, stride)
-    ow, pw0, pw1 = _same_pads(w, kw, stride)
+  if padding in ("SAME", "TORCH"):
+    pads = _same_pads if padding == "SAME" else _torch_pads
+    oh, ph0, ph1 = pads(h, kh, stride)
+    ow, pw0, pw1 = pads(w, kw, stride)
     x = jnp.pad(x, ((0, 0), (ph0, ph1), (pw0, pw1), (0, 0)))
   elif padding == "VALID":
     oh, ow = (h - kh) // stride + 1, (w - kw) // stride + 1
   else:
-    raise ValueError(f"padding={padding!r}; allowed: 'SAME', 'VALID'")
+    raise ValueError(f"padding={padding!r}; allowed: {', '.join(PADDINGS)}")
   taps = []
   for i in range(kh):
     for j in range(kw):
@@ -114,7 +138,7 @@ def conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
     x: ``(B, H, W, Cin)`` input.
     kernel: ``(kh, kw, Cin, Cout)`` weights.
     stride: spatial stride.
-    padding: ``"SAME"`` or ``"VALID"``.
+    padding: ``"SAME"``, ``"VALID"`` or ``"TORCH"`` (:data:`PADDINGS`).
     impl: ``"xla"`` (``lax.conv_general_dilated``) or ``"im2col"`` (shifted
       slices concatenated along channels, then one matmul).
 
@@ -125,11 +149,11 @@ def conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
   kh, kw, cin, cout = kernel.shape
   if impl == "xla":
     return lax.conv_general_dilated(
-        x, kernel, (stride, stride), padding,
+        x, kernel, (stride, stride), _lax_padding(padding, kh, kw),
         dimension_numbers=("NHWC", "HWIO", "NHWC"))
   if impl != "im2col":
     raise ValueError(f"conv impl={impl!r}; allowed: {CONV_IMPLS}")
-  if kh == kw == 1 and padding in ("SAME", "VALID"):
+  if kh == kw == 1 and padding in PADDINGS:  # no 1x1 convention pads
     xs = x[:, ::stride, ::stride, :]
     return jnp.einsum("bhwc,co->bhwo", xs, kernel[0, 0])
   taps, oh, ow = _patches(x, kh, kw, stride, padding)
@@ -148,7 +172,7 @@ def depthwise_conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
   kh, kw, _, c = kernel.shape
   if impl == "grouped":
     return lax.conv_general_dilated(
-        x, kernel, (stride, stride), padding,
+        x, kernel, (stride, stride), _lax_padding(padding, kh, kw),
         dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=c)
   if impl != "shifts":
     raise ValueError(f"depthwise impl={impl!r}; allowed: {DEPTHWISE_IMPLS}")
@@ -176,6 +200,12 @@ class Conv(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((cout,))) if use_bias else None
     self.stride, self.padding, self.impl = stride, padding, impl
 
+  def use_torch_padding(self) -> None:
+    """SAME -> TORCH (:data:`PADDINGS`), on an abstract layer before its
+    graph definition is split off."""
+    if self.padding == "SAME":
+      self.padding = "TORCH"
+
   def for_inference(self, choice: str) -> None:
     """Switches this (abstract) layer to its evaluation lowering
     (:func:`inference_conv_impl`); the parameters are unchanged."""
@@ -195,18 +225,54 @@ class DepthwiseConv(nnx.Module):
     if impl not in DEPTHWISE_IMPLS:
       raise ValueError(f"depthwise impl={impl!r}; allowed: {DEPTHWISE_IMPLS}")
     self.kernel = nnx.Param(_he_normal(rngs.params(), (kernel, kernel, 1, channels)))
-    self.stride, self.impl = stride, impl
+    self.stride, self.impl, self.padding = stride, impl, "SAME"
+
+  def use_torch_padding(self) -> None:
+    """SAME -> TORCH, as :meth:`Conv.use_torch_padding`."""
+    self.padding = "TORCH"
 
   def __call__(self, x, *, train: bool = False, mask=None):
     return depthwise_conv2d(x, self.kernel[...], stride=self.stride,
-                            impl=self.impl)
+                            padding=self.padding, impl=self.impl)
+
+
+class BatchNorm(nnx.Module):
+  """PyTorch's ``BatchNorm2d`` over NHWC with a sample mask.
+
+  Training normalises by the batch statistics over the valid samples (the
+  biased variance) and moves the running ones 0.1 of the way to them, the
+  variance unbiased (``n / (n - 1)``, ``n`` the valid values per channel) as
+  PyTorch does; evaluation normalises by the running ones.  The state names
+  are Flax's (``scale``, ``bias``; ``mean``, ``var``).
+  """
+
+  def __init__(self, channels: int, *, momentum: float = 0.1, epsilon: float = 1e-5):
+    self.scale = nnx.Param(jnp.ones((channels,)))
+    self.bias = nnx.Param(jnp.zeros((channels,)))
+    self.mean = nnx.BatchStat(jnp.zeros((channels,)))
+    self.var = nnx.BatchStat(jnp.ones((channels,)))
+    self.momentum, self.epsilon = momentum, epsilon
+
+  def __call__(self, x, *, use_running_average: bool, mask=None):
+    if use_running_average:
+      mean, var = self.mean[...], self.var[...]
+    else:
+      axes = tuple(range(x.ndim - 1))
+      where = None if mask is None else jnp.broadcast_to(mask, x.shape)
+      mean = jnp.mean(x, axes, where=where)
+      var = jnp.mean(jnp.square(x - mean), axes, where=where)
+      n = (x.size if where is None else jnp.sum(where)) // x.shape[-1]
+      unbiased = var * (n / jnp.maximum(n - 1, 1))
+      m = self.momentum
+      self.mean[...] = (1 - m) * self.mean[...] + m * mean
+      self.var[...] = (1 - m) * self.var[...] + m * unbiased
+    y = (x - mean) * lax.rsqrt(var + self.epsilon)
+    return y * self.scale[...] + self.bias[...]
 
 
 class Norm2d(nnx.Module):
-  """BatchNorm (masked batch statistics), GroupNorm, or identity.
-
-  BatchNorm momentum 0.9 matches PyTorch's default ``momentum=0.1``.
-  """
+  """BatchNorm (masked batch statistics, PyTorch's update), GroupNorm, or
+  identity."""
 
   def __init__(self, channels: int, kind: str = "batch", *, groups: int = 8,
                rngs: nnx.Rngs):
@@ -215,7 +281,7 @@ class Norm2d(nnx.Module):
     self.kind = kind
     self.norm: Any  # BatchNorm, GroupNorm or None, by kind
     if kind == "batch":
-      self.norm = nnx.BatchNorm(channels, momentum=0.9, epsilon=1e-5, rngs=rngs)
+      self.norm = BatchNorm(channels)
     elif kind == "group":
       self.norm = nnx.GroupNorm(channels, num_groups=math.gcd(groups, channels),
                                 rngs=rngs)

@@ -15,8 +15,8 @@ from jsfl.sweep.format import Sweep, SweepError
 from jsfl.sweep.plan import (
   DONE,
   Unit,
-  comparable,
   config_diff,
+  fields_differing,
   finished_run,
   plan,
   read_json,
@@ -175,7 +175,7 @@ def same_cells(run_dir: str, unit: Unit) -> bool:
   if not isinstance(have, list) or [c.get("name") for c in have] != [
       c.name for c in unit.cells]:
     return False
-  return all(comparable(h["config"]) == comparable(c.cfg)
+  return all(isinstance(h.get("config"), dict) and not fields_differing(h["config"], c.cfg)
              for h, c in zip(have, unit.cells, strict=True))
 
 

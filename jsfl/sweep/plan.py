@@ -10,7 +10,7 @@ import json
 import math
 import os
 
-from jsfl import slots
+from jsfl import config, slots
 from jsfl.sweep.format import Cell, Sweep
 
 DONE = ".done"
@@ -84,12 +84,18 @@ def config_diff(run_dir: str, cfg: dict) -> list[str] | None:
   """Fields where a run directory's config.json differs from ``cfg``.
 
   Fields present on one side only (a key added to the schema since) do not
-  count.  None when config.json cannot be read.
+  count, except where the new default is not what the older run computed
+  (:func:`jsfl.config.as_it_ran`).  None when config.json cannot be read.
   """
   meta = read_json(os.path.join(run_dir, "config.json"))
   if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
     return None
-  have, want = comparable(meta["config"]), comparable(cfg)
+  return fields_differing(meta["config"], cfg)
+
+
+def fields_differing(stored: dict, cfg: dict) -> list[str]:
+  """:func:`config_diff` of a stored config (config.json's) against ``cfg``."""
+  have, want = comparable(config.as_it_ran(stored)), comparable(cfg)
   return [f"{s}.{k}" for s in want for k in want[s]
           if k in have.get(s, {}) and have[s][k] != want[s][k]]
 

@@ -171,7 +171,8 @@ def build_model(cfg: dict, input_shape, num_classes: int):
                                   else m_cfg["depthwise_impl"])
   try:
     model = get_model(m_cfg["name"], input_shape, num_classes, init=m_cfg["init"],
-                      eval_conv_impl=m_cfg["eval_conv_impl"], **model_opts)
+                      eval_conv_impl=m_cfg["eval_conv_impl"], padding=m_cfg["padding"],
+                      **model_opts)
   except TypeError as e:
     raise config_lib.ConfigError(_model_options_error(m_cfg["name"], model_opts, e)) from None
   except ValueError as e:
@@ -229,4 +230,5 @@ def _model_options_error(name: str, given: dict, err: Exception) -> str:
     return f"[model] {err}"
   return (f"unknown config key 'model.{bad[0]}' for model {name!r}; allowed: "
           + ", ".join(sorted(set(known) | {"name", "cut", "norm", "conv_impl",
-                                            "eval_conv_impl", "depthwise_impl", "init"})))
+                                            "eval_conv_impl", "depthwise_impl", "init",
+                                            "padding"})))

@@ -188,7 +188,7 @@ def read_run_config(run_dir: str, progress: bool | None = None):
 
   def again(stored: dict, where: str) -> dict:
     try:  # checked as a new config would be (it may have been edited)
-      cfg = config_lib.resolve(stored)
+      cfg = config_lib.resolve(config_lib.as_it_ran(stored))
     except config_lib.ConfigError as e:
       raise config_lib.ConfigError(f"{where}: {e}") from None
     if progress is not None:

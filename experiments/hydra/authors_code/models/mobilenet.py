@@ -5,8 +5,9 @@ k-th depthwise conv3x3 - BN - relu and pointwise conv1x1 - BN - relu; stage
 27 global average pool - dense.  Convolutions without bias, BatchNorm with
 PyTorch's defaults.  ``width`` multiplies every channel count as jsfl does
 (``max(1, int(c * width))``); the adapted scripts pass ``--width``.
-Padding is PyTorch's ``kernel // 2`` (jsfl's SAME pads a stride-2 3x3
-convolution (0, 1) instead of (1, 1); same output shapes).
+Padding is PyTorch's ``kernel // 2``, jsfl's default ``model.padding =
+"torch"``; ``../torch_reference.py`` records what this model computes for
+jsfl's test that the two are one function.
 """
 
 from torch import nn
