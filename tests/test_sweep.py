@@ -454,7 +454,15 @@ def test_dry_run_lists_statuses_and_writes_nothing(ran, capsys):
                    ["todo", "method=splitfedv1"]]
   assert sum(line.startswith("program ") for line in lines) == 3
   assert lines[-1] == "1 program to go"
+  assert "another config" not in "\n".join(lines)
   assert tree(sw.root) == before
+  # a finished cell of another config says so (a real run warns and skips it)
+  path = write_sweep(tmp / "s4b.toml", tmp / "out", '[grid]\n"method.name" = ["sfl"]',
+                     base=BASE + '"optim.lr" = 0.07\n')
+  assert cli.main(["sweep", path, "--dry-run"]) == 0
+  line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  "))
+  assert line.split()[:2] == ["done", "method=sfl"]
+  assert line.endswith("with another config (optim.lr; delete it to rerun)")
 
 
 def test_out_dir_points_the_sweep_at_cells_elsewhere(ran, capsys):

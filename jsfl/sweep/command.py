@@ -106,6 +106,8 @@ def print_plan(sweep, mine, programs, shard_in, log) -> None:
         st = "partial"
       elif st == "partial" and os.path.isdir(os.path.join(c.dir, "checkpoints")):
         note += "  has checkpoints/ (resumed)"
+      elif st == "done" and (diff := config_diff(c.dir, c.cfg)):
+        note += f"  with another config ({', '.join(diff)}; delete it to rerun)"
       log(f"  {st:<8} {c.name:<{width}}{note}".rstrip())
   cap = {u.cells[0].cfg["exec"]["max_slots"] for u in programs}
   if cap == {0}:
