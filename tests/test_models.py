@@ -600,7 +600,7 @@ def test_torch_init_refuses_a_parameter_without_a_rule():
 
 
 # ------------------------------------------------- against PyTorch's model
-def _torch_reference():
+def _torch_reference(name):
   import importlib.util
   import pathlib
   root = pathlib.Path(__file__).resolve().parent.parent
@@ -608,17 +608,18 @@ def _torch_reference():
       "torch_reference", root / "experiments/hydra/authors_code/torch_reference.py")
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
-  return mod, np.load(root / "tests/data/mobilenet_v1_torch.npz")
+  return mod, np.load(root / f"tests/data/{name}_torch.npz")
 
 
-def test_mobilenet_v1_computes_pytorchs_function():
-  """jsfl's MobileNetV1 at its defaults is the PyTorch model the Hydra
-  cross-check runs (experiments/hydra/authors_code/models/mobilenet.py): from
-  the same float64 weights, a train-mode forward and backward and the
+@pytest.mark.parametrize("name,count", [("mobilenet_v1", 83), ("resnet18", 62)])
+def test_models_compute_pytorchs_function(name, count):
+  """jsfl's MobileNetV1 and ResNet-18 at their defaults are the PyTorch
+  models the Hydra cross-check runs (experiments/hydra/authors_code/models/):
+  from the same float64 weights, a train-mode forward and backward and the
   running statistics it leaves, then an eval forward, agree with PyTorch's
   (``torch_reference.py`` wrote them) to float64 round-off; with XLA's SAME
   padding they do not (a stride-2 layer samples the input one pixel off)."""
-  ref, want = _torch_reference()
+  ref, want = _torch_reference(name)
   x, y = ref.batch()
 
   def flat(tree):
@@ -628,23 +629,23 @@ def test_mobilenet_v1_computes_pytorchs_function():
   with jax.enable_x64(True):
     results = {}
     for padding in ("torch", "same"):
-      m = get_model("mobilenet_v1", ref.SHAPE, ref.NUM_CLASSES, width=ref.WIDTH,
+      m = get_model(name, ref.SHAPE, ref.NUM_CLASSES, width=ref.MODELS[name],
                     padding=padding, **FAST_CPU)
       abstract = jax.eval_shape(m.init, jax.random.key(0))
       params, stats = (tuple(jax.tree_util.tree_map_with_path(
           lambda p, a, i=i: np.asarray(ref.shared_value(
-              f"{i}/" + "/".join(str(k.key) for k in p), a.shape)), t)
+              "/".join([str(i)] + [str(k.key) for k in p]), a.shape)), t)
           for i, t in enumerate(tree)) for tree in abstract)
       params, stats = jax.tree.map(jnp.asarray, (params, stats))
+      if padding == "same":  # its logits alone
+        results[padding] = np.asarray(m.apply(params, stats, jnp.asarray(x), train=True)[0])
+        continue
 
       def loss(p, m=m, stats=stats):
         logits, new_stats = m.apply(p, stats, jnp.asarray(x), train=True)
         nll = -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
         return nll, (logits, new_stats)
 
-      if padding == "same":  # its logits alone
-        results[padding] = np.asarray(m.apply(params, stats, jnp.asarray(x), train=True)[0])
-        continue
       (l, (logits, new_stats)), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
       evaluated = jax.jit(m.logits)(params, new_stats, jnp.asarray(x))
       # numpy from here on: a jax op outside this context would be float32
@@ -655,7 +656,7 @@ def test_mobilenet_v1_computes_pytorchs_function():
   np.testing.assert_allclose(logits, want["logits_train"], rtol=1e-9, atol=1e-9)
   np.testing.assert_allclose(float(l), float(want["loss"]), rtol=1e-10)
   grads = {f"{i}/{k}": v for i, t in enumerate(g) for k, v in flat(t).items()}
-  assert len(grads) == sum(k.startswith("grad_norm:") for k in want.files) == 83
+  assert len(grads) == sum(k.startswith("grad_norm:") for k in want.files) == count
   for path, v in grads.items():
     np.testing.assert_allclose(np.linalg.norm(v), want[f"grad_norm:{path}"], rtol=1e-8)
     np.testing.assert_allclose(np.sum(v * ref.projection(path, v.shape)),
