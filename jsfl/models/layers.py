@@ -259,8 +259,10 @@ class BatchNorm(nnx.Module):
     else:
       axes = tuple(range(x.ndim - 1))
       where = None if mask is None else jnp.broadcast_to(mask, x.shape)
+      # One fused pass over x for both moments (Flax's default too); the
+      # clamp keeps a cancelled difference from going negative.
       mean = jnp.mean(x, axes, where=where)
-      var = jnp.mean(jnp.square(x - mean), axes, where=where)
+      var = jnp.maximum(jnp.mean(jnp.square(x), axes, where=where) - jnp.square(mean), 0.0)
       n = (x.size if where is None else jnp.sum(where)) // x.shape[-1]
       unbiased = var * (n / jnp.maximum(n - 1, 1))
       m = self.momentum
