@@ -96,10 +96,6 @@ def _same_pads(size: int, k: int, s: int) -> tuple[int, int, int]:
   return out, total // 2, total - total // 2
 
 
-def _torch_pads(size: int, k: int, s: int) -> tuple[int, int, int]:
-  return (size + 2 * (k // 2) - k) // s + 1, k // 2, k // 2
-
-
 def _lax_padding(padding: str, kh: int, kw: int):
   """``padding`` as ``lax.conv_general_dilated`` takes it."""
   if padding == "TORCH":
@@ -114,7 +110,7 @@ def _pads(size: int, k: int, s: int, padding: str) -> tuple[int, int, int]:
   if padding == "SAME":
     return _same_pads(size, k, s)
   if padding == "TORCH":
-    return _torch_pads(size, k, s)
+    return (size + 2 * (k // 2) - k) // s + 1, k // 2, k // 2
   if padding == "VALID":
     return (size - k) // s + 1, 0, 0
   raise ValueError(f"padding={padding!r}; allowed: {', '.join(PADDINGS)}")
@@ -211,8 +207,8 @@ def _depthwise_shifts_bwd(stride, padding, res, ct):
   """The input gradient as one more shifted sum, of the (stride-dilated)
   cotangent against the flipped kernel.  Autodiff of the forward instead
   transposes each of its nine strided slices into a padded copy of the
-  whole input and adds them: on XLA:CPU those copies cost MobileNetV1's
-  training step about a third of its time."""
+  whole input and adds them: on XLA:CPU the MobileNetV1 x0.5 step took
+  295 ms with those copies and 276 ms with this (one core)."""
   x, kernel = res
   kh, kw = kernel.shape[:2]
   _, h, w, _ = x.shape
