@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The accelerator benchmarks in one command, one part per call so every call
 # ends inside 9 minutes (an offline GPU machine whose image has jax with CUDA,
-# flax, optax, orbax, chex and torch; install jsfl with
-# `pip install --no-deps -e .` first).  Results go to one folder, with a log
+# flax, optax, orbax, chex and torch; the scripts import jsfl from this
+# checkout, so no install is needed; offline, `pip install --no-deps
+# --no-build-isolation -e .` installs it without fetching setuptools).  Results go to one folder, with a log
 # per part and the machine in every JSON.
 #
 # Usage: bash benchmarks/gpu.sh [--smoke] [PART...]
-#   parts: vs_torch_mobilenet vs_torch_resnet18 throughput scaling sweep (default: all,
+#   parts: vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18 throughput
+#          scaling sweep (default: all,
 #          in that order; run them one call each where a call is time-limited)
 #   --smoke: the same scripts at toy sizes on any backend (the test suite runs
 #          it on the CPU); vs_torch is skipped where torch is not installed.
@@ -16,7 +18,10 @@ cd "$(dirname "$0")/.."
 smoke=0
 if [[ ${1:-} == --smoke ]]; then smoke=1; shift; fi
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(vs_torch_mobilenet vs_torch_resnet18 throughput scaling sweep)
+[[ ${#parts[@]} -gt 0 ]] || parts=(vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18
+                                   throughput scaling sweep)
+# The benchmarks import jsfl from this checkout whether or not it is installed.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python}
 out=${OUT:-benchmarks/results/gpu-$(hostname)-$(date -u +%Y%m%d)}
 limit=${LIMIT:-540}
@@ -31,25 +36,28 @@ part() {
 
 has_torch() { "$py" -c "import torch" 2>/dev/null; }
 
-vs_torch() {  # vs_torch MODEL
+vs_torch() {  # vs_torch NAME MODEL [vs_torch.py args...]
+  local name=$1 model=$2; shift 2
   if ! has_torch; then
-    echo "== vs_torch_$1: skipped (torch is not installed)" | tee "$out/vs_torch_$1.log"
+    echo "== $name: skipped (torch is not installed)" | tee "$out/$name.log"
     return
   fi
   if ((smoke)); then
-    part "vs_torch_$1" vs_torch.py --models "$1" --methods sfl --width 0.125 --clients 2 \
+    part "$name" vs_torch.py --models "$model" --methods sfl --width 0.125 --clients 2 \
       --seeds 1 --repeats 1 --torch-threads 1
-  else  # 10 clients x 1 and 8 seeds, SFL, Hydra, MultiSFL, plus the whole-model step
-    # (100 clients x 8 seeds side by side would hold ~90 GiB of MobileNetV1 part-1
-    # activations, more than an 80 GiB card)
-    part "vs_torch_$1" vs_torch.py --models "$1" --clients 10 --seeds 1 8 --repeats 3 --central
+  else  # 10 clients x 1 and 8 seeds (100 clients x 8 seeds side by side would hold
+    # ~90 GiB of MobileNetV1 part-1 activations, more than an 80 GiB card).  On an
+    # H100 each method's pair of cells takes 2.5-3 minutes (mostly compilation and
+    # worker start-up), so MultiSFL and the whole-model step are a part of their own.
+    part "$name" vs_torch.py --models "$model" --clients 10 --seeds 1 8 --repeats 3 "$@"
   fi
 }
 
 for p in "${parts[@]}"; do
   case $p in
-    vs_torch_mobilenet) vs_torch mobilenet_v1 ;;
-    vs_torch_resnet18) vs_torch resnet18 ;;
+    vs_torch_mobilenet) vs_torch "$p" mobilenet_v1 --methods sfl hydra ;;
+    vs_torch_mobilenet_multisfl) vs_torch "$p" mobilenet_v1 --methods multisfl --central ;;
+    vs_torch_resnet18) vs_torch "$p" resnet18 --methods sfl hydra --central ;;
     throughput)  # jsfl against per-client loops and the centralised step
       if ((smoke)); then
         part throughput throughput.py --width 0.125 --clients 2 --seeds 1 --repeats 1
@@ -72,7 +80,8 @@ for p in "${parts[@]}"; do
       else
         part sweep sweep.py --rounds 5 --train-size 60000 --test-size 10000
       fi ;;
-    *) echo "unknown part '$p'; allowed: vs_torch_mobilenet vs_torch_resnet18 throughput scaling sweep" >&2
+    *) echo "unknown part '$p'; allowed: vs_torch_mobilenet vs_torch_mobilenet_multisfl" \
+            "vs_torch_resnet18 throughput scaling sweep" >&2
        exit 2 ;;
   esac
 done

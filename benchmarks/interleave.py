@@ -162,8 +162,23 @@ def write_results(res: dict, out: str, prefix: str, plot) -> str:
   with open(stem + ".json", "w") as f:
     json.dump(res, f, indent=1)
   plot(res, stem + ".png")
+  partial = os.path.join(out, f"{prefix}-partial.json")
+  if os.path.exists(partial):
+    os.remove(partial)
   print(f"\nwrote {stem}.json and .png")
   return stem
+
+
+def write_partial(res: dict, out: str, prefix: str) -> str:
+  """Rewrites ``OUT/PREFIX-partial.json`` (atomically) with the rows so far, so
+  a run stopped by a time limit keeps what it measured; the final
+  :func:`write_results` removes it."""
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, f"{prefix}-partial.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump({**res, "partial": True}, f, indent=1)
+  os.replace(path + ".tmp", path)
+  return path
 
 
 def add_run_args(ap: argparse.ArgumentParser, out: str) -> None:

@@ -373,6 +373,7 @@ def main(argv=None):
                       "clients": args.clients, "steps": args.steps, "batch": args.batch,
                       "samples_per_round": n}, sides)
           res["rows"].append(row)
+          interleave.write_partial(res, args.out, "vs_torch")
           print(f"[{method} {model} seeds={seeds}] " + (row.get("error") or (
               f"jsfl {row['jsfl']['samples_per_s']:,.0f} / torch "
               f"{row['torch']['samples_per_s']:,.0f} samples/s = {row['ratio']:.2f}x")),
@@ -388,6 +389,7 @@ def main(argv=None):
                   "steps": args.central_steps, "batch": args.batch,
                   "samples_per_round": n}, sides)
       res["rows"].append(row)
+      interleave.write_partial(res, args.out, "vs_torch")
       print(f"[central {model}] " + (row.get("error") or ", ".join(
           f"{k} {v['samples_per_s']:,.0f}" for k, v in sides.items()) + " samples/s"),
           flush=True)

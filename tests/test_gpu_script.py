@@ -25,6 +25,8 @@ def test_gpu_script_smoke(tmp_path, part):
   for p in tmp_path.glob("*.json"):
     res = json.loads(p.read_text())
     assert res["machine"]["backend"] == "cpu"
+  # A finished run leaves its results, not the per-row file a time limit would.
+  assert not any(n.endswith("-partial.json") for n in names), names
   if part == "vs_torch_resnet18":
     vs = (tmp_path / "vs_torch_resnet18.log").read_text()
     assert "skipped (torch is not installed)" in vs or any(
