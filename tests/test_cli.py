@@ -55,6 +55,28 @@ def test_synthetic_run_writes_the_run_directory(tmp_path, capsys):
   assert out in capsys.readouterr().out
 
 
+def test_partition_seed_draws_one_split_for_every_seed(tmp_path):
+  # partition.seed = -1: each seed its own Dirichlet draw; >= 0: that one draw
+  # (the Hydra authors' code splits once, with seed 2020, for every run).
+  from jsfl.data import load_dataset
+  from jsfl.partitions import label_counts, make_partition
+  counts = {}
+  for seed in (-1, 7):
+    code, out = run_cli(tmp_path / str(seed), "run.rounds=1", "run.seeds=2",
+                        "partition.num_clients=4", "partition.name=dirichlet",
+                        "partition.alpha=0.5", f"partition.seed={seed}")
+    assert code == 0
+    seeds = load_json(f"{out}/partition.json")["seeds"]
+    counts[seed] = [np.array(p["label_counts"]) for p in seeds]
+  assert not np.array_equal(*counts[-1])
+  np.testing.assert_array_equal(*counts[7])
+  ds = load_dataset("synthetic", input_shape=[8, 8, 1], num_classes=4, train_size=400,
+                    test_size=100)
+  want = label_counts(make_partition("dirichlet", ds.y_train, 4, seed=7, num_classes=4,
+                                     alpha=0.5), ds.y_train, 4)
+  np.testing.assert_array_equal(counts[7][0], want)
+
+
 @pytest.mark.parametrize("override, message", [
     ("method.order=sideways", "method.order='sideways'; allowed: 'random', 'cyclic'"),
     ("method.ordr=cyclic", "unknown config key 'method.ordr' (did you mean 'order'?)"),

@@ -220,7 +220,7 @@ def test_label_counts_dominant_labels_index_table():
 
 def test_partitions_registry_defaults_are_used():
   assert set(P.PARTITIONS) == {"iid", "dirichlet", "dominant_label",
-                               "sharding", "exdir", "natural"}
+                               "sharding", "exdir", "labelwise", "natural"}
   a = P.make_partition("dominant_label", Y, 10, seed=0)
   b = P.make_partition("dominant_label", Y, 10, seed=0, p=0.8, phi=1)
   for x, z in zip(a, b):
@@ -261,6 +261,9 @@ def test_partitions_registry_defaults_are_used():
      r"gives 8 class slots, fewer than num_classes=10"),
     ("exdir", Y, 201, {}, r"allowed: num_clients <= 200"),
     ("natural", Y, 10, {}, r"no natural client ids"),
+    ("labelwise", Y, 10, {"p": 0.0}, r"labelwise.p=0.0; allowed: a float in \(0, 1\]"),
+    ("labelwise", Y, 1, {}, r"labelwise: num_clients=1; allowed: >= 2"),
+    ("labelwise", Y, 10, {"phi": 1}, r"unknown option\(s\) phi .*allowed: p"),
     ("iid", Y.astype(float), 10, {}, r"allowed: a 1-D integer array"),
     ("iid", Y - 1, 10, {}, r"labels contain -1"),
 ])
@@ -301,3 +304,65 @@ def test_exdir_gives_up_with_clear_error():
   y = balanced_labels(per_class=20)
   with pytest.raises(ValueError, match=r"no split in 1000 attempts"):
     P.make_partition("exdir", y, 20, seed=0, classes_per_client=1, alpha=0.01)
+
+
+def _authors_reference():
+  """partition_reference.py's fingerprints of the Hydra authors' partitioner
+  and its synthetic labels / fingerprint helpers (one definition of each)."""
+  import importlib.util
+  import json
+  import pathlib
+  root = pathlib.Path(__file__).resolve().parents[1]
+  spec = importlib.util.spec_from_file_location(
+      "partition_reference", root / "experiments/hydra/authors_code/partition_reference.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  ref = json.loads((root / "tests/data/labelwise_reference.json").read_text())
+  return mod, ref
+
+
+@pytest.mark.parametrize("k", [10, 20])
+def test_labelwise_is_the_hydra_authors_split(k):
+  # The fingerprints were written by running their LabelwisePartitioner on the
+  # same labels (seed 2020); at K = 20 clients 10-19 dominate nothing and the
+  # rounding runs past every label's end, so the slicing rule is exercised.
+  mod, ref = _authors_reference()
+  case = ref["cases"][f"synthetic_k{k}_p0.8"]
+  y = mod.synthetic_labels()
+  parts = P.make_partition("labelwise", y, k, seed=ref["seed"], p=case["p"])
+  assert mod.fingerprint(parts) == {"sizes": case["sizes"], "sha256": case["sha256"]}
+  other = P.make_partition("labelwise", y, k, seed=ref["seed"] + 1, p=case["p"])
+  assert mod.fingerprint(other)["sha256"] != case["sha256"]
+
+
+@pytest.mark.parametrize("p", [0.8, 0.6])
+def test_labelwise_on_the_cross_check_subset(p):
+  from jsfl.data import load_dataset
+  try:
+    ds = load_dataset("fashion_mnist", download=False, train_subset=6000)
+  except (FileNotFoundError, OSError, ValueError) as e:  # no local copy: tests never download
+    pytest.skip(f"Fashion-MNIST not available here: {e}")
+  mod, ref = _authors_reference()
+  case = ref["cases"][f"fashion_mnist6k_k10_p{p}"]
+  parts = P.make_partition("labelwise", ds.y_train, 10, seed=ref["seed"], p=p)
+  assert mod.fingerprint(parts) == {"sizes": case["sizes"], "sha256": case["sha256"]}
+
+
+def test_labelwise_shares_rounding_and_unheld_samples():
+  # 600 a label, p = 0.8: 480 to the dominant client, round(600 * 0.2 / 9) = 13
+  # to each other one, 3 a label left over; p = 0.6: 27 each overruns the
+  # label (360 + 9 * 27 = 603), so client 9, cut last, gets what is left.
+  y = balanced_labels(per_class=600)
+  for p, dominant, other in ((0.8, 480, 13), (0.6, 360, 27)):
+    parts = P.make_partition("labelwise", y, 10, seed=0, p=p)
+    counts = P.label_counts(parts, y, L)
+    for lab in range(L):
+      want = np.full(L, other)
+      want[lab] = dominant
+      want[L - 1] = min(want[L - 1], 600 - want[:L - 1].sum())
+      np.testing.assert_array_equal(counts[:, lab], want)
+    flat = np.concatenate(parts)
+    assert len(np.unique(flat)) == len(flat)
+    for part in parts:
+      assert np.all(np.diff(part) > 0)
+    np.testing.assert_array_equal(P.dominant_labels(counts), np.arange(L))

@@ -12,9 +12,13 @@ each sorted ascending).  Methods and their options, with defaults:
   client c is dominant in labels ``c//phi .. c//phi + labels_per_client - 1``
   (mod L).
 * ``exdir(classes_per_client=2, alpha=0.5)``: Li & Lyu's ExDir(C_cls, alpha).
+* ``labelwise(p=0.8)``: p%-DL as the Hydra authors' code draws it (client
+  ``l mod K`` dominant in label l, shares rounded per label, a few samples
+  unheld), reproducing their index sets exactly.
 * ``natural``: the dataset's own client ids (pass ``client_ids``).
 
-All randomness comes from ``np.random.default_rng(seed)``, so a (method,
+All randomness comes from ``np.random.default_rng(seed)`` (``labelwise``:
+Python's ``random.Random(seed)``, as the code it reproduces), so a (method,
 options, labels, K, seed) tuple always gives the same partition.  Impossible
 requests raise ValueError instead of being silently adjusted.
 """
@@ -31,6 +35,7 @@ from jsfl.partitions import dirichlet as _dirichlet
 from jsfl.partitions import dominant_label as _dominant_label
 from jsfl.partitions import exdir as _exdir
 from jsfl.partitions import iid as _iid
+from jsfl.partitions import labelwise as _labelwise
 from jsfl.partitions import natural as _natural
 
 __all__ = [
@@ -56,6 +61,7 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
         "phi": (int, None),
     },
     "exdir": {"classes_per_client": (int, 2), "alpha": (float, 0.5)},
+    "labelwise": {"p": (float, 0.8)},
     "natural": {},
 }
 
@@ -130,8 +136,8 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
 
   Returns:
     K disjoint int64 index arrays into ``labels``, each sorted ascending.
-    All methods except ``natural`` with fewer clients than ids cover every
-    sample.
+    All methods except ``natural`` with fewer clients than ids and
+    ``labelwise`` (its rounding) cover every sample.
 
   Raises:
     ValueError: unknown name or option, an option of the wrong type, or an
@@ -160,6 +166,8 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
   if (not isinstance(seed, numbers.Integral) or
       isinstance(seed, (bool, np.bool_)) or seed < 0):
     raise ValueError(f"seed={seed!r}; allowed: an int >= 0")
+  if name == "labelwise":
+    return _labelwise.labelwise(labels, num_clients, num_classes, int(seed), **opts)
   rng = np.random.default_rng(int(seed))
   if name == "iid":
     return _iid.iid(labels, num_clients, rng)

@@ -113,7 +113,10 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
   for slot in run_slots:
     p_cfg = slot.cfg["partition"]
     try:
-      parts = make_partition(p_cfg["name"], dataset.y_train, K, seed=slot.seed,
+      # partition.seed >= 0 draws one split for every seed, as the Hydra
+      # authors' code does; -1 keeps a draw per seed.
+      draw = p_cfg["seed"] if p_cfg["seed"] >= 0 else slot.seed
+      parts = make_partition(p_cfg["name"], dataset.y_train, K, seed=draw,
                              num_classes=dataset.num_classes,
                              client_ids=dataset.client_ids,
                              **config_lib.extra_options(slot.cfg, "partition"))

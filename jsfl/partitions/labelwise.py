@@ -1,0 +1,78 @@
+"""The dominant-label split as the Hydra authors' code draws it (docs/setting.md#partitions).
+
+Hydra's public code (and MergeSFL's, where its partitioner comes from) does
+not split a label evenly among clients: it fixes a (labels x clients) matrix
+of fractions, label l at fraction p on client ``l mod K`` and ``(1 - p) /
+(K - 1)`` on every other client, and cuts each label's shuffled samples at
+cumulative offsets ``round(fraction * n_l)`` in client order.  Rounding
+leaves a few samples of a label unheld (600 a label at p = 0.8 on 10 clients:
+480 + 9 x 13 = 597, three unused) and gives every client the same size.
+
+The shuffles are Python's ``random.Random(seed).shuffle`` of each label's
+ascending indices, one generator for all labels in label order, so with the
+same labels and seed this returns exactly the authors' client index sets
+(their code draws with seed 2020 for every run: ``partition.seed = 2020``).
+That is why this family takes the seed itself rather than a NumPy generator.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from jsfl.partitions.iid import class_indices, split_by_owner
+
+
+def fractions(num_classes: int, num_clients: int, p: float) -> np.ndarray:
+  """The (L, K) matrix of label shares per client, as float64.
+
+  Built with the same float operations as the reference code, so that
+  ``round(fraction * n_l)`` lands on the same integers (0.2 / 9 * 600 is
+  13.33 either way; a half would round to even in both).
+  """
+  out = np.ones((num_classes, num_clients)) * ((1 - p) / (num_clients - 1))
+  for lab in range(num_classes):
+    out[lab][lab % num_clients] = p
+  return out
+
+
+def labelwise(labels: np.ndarray, num_clients: int, num_classes: int, seed: int, *,
+              p: float = 0.8) -> list[np.ndarray]:
+  """p%-DL as the Hydra authors' code draws it: client ``l mod K`` holds a
+  fraction p of label l, every other client ``(1 - p) / (K - 1)`` of it.
+
+  Args:
+    labels: (N,) int labels in ``[0, num_classes)``.
+    num_clients: K >= 2.
+    num_classes: L >= 1.
+    seed: the seed of Python's ``random.Random`` that shuffles the labels.
+    p: the dominant client's share of its label, in (0, 1].
+
+  Returns:
+    K disjoint int64 index arrays, each sorted ascending; the samples that
+    rounding leaves at the end of a label belong to no client.
+
+  Raises:
+    ValueError: p outside (0, 1] or K < 2.
+  """
+  if not 0.0 < p <= 1.0:
+    raise ValueError(f"labelwise.p={p}; allowed: a float in (0, 1]")
+  if num_clients < 2:
+    raise ValueError(f"labelwise: num_clients={num_clients}; allowed: >= 2 (the "
+                     f"non-dominant share is divided by num_clients - 1)")
+  rng = random.Random(seed)
+  shuffled = []
+  for idx in class_indices(labels, num_classes):
+    order = idx.tolist()
+    rng.shuffle(order)  # every label is shuffled before any is cut, as theirs
+    shuffled.append(order)
+  owner = np.full(len(labels), -1, dtype=np.int64)
+  for order, row in zip(shuffled, fractions(num_classes, num_clients, p), strict=True):
+    begin = 0
+    for client, frac in enumerate(row):
+      # Python slicing: offsets past the label's end just give fewer samples.
+      end = begin + int(round(frac * len(order)))
+      owner[order[begin:end]] = client
+      begin = end
+  return split_by_owner(owner, num_clients)
