@@ -194,6 +194,12 @@ def test_varying_fields_become_columns_partition_options_beside_partition(tmp_pa
                            "section.key, e.g. method.name)")]
 
 
+def test_partition_seed_is_never_titled_as_the_runs_seed():
+  from jsfl.report.groups import short_names
+  assert short_names(["partition.seed", "partition.p", "method.name"]) == {
+      "partition.seed": "partition.seed", "partition.p": "p", "method.name": "method"}
+
+
 def test_model_cut_is_compared_resolved(tmp_path):
   # cut = -1 means the model's default (resolved 2): the same experiment as cut = 2.
   write_run(tmp_path / "a", {"model.cut": -1})

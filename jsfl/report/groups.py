@@ -56,10 +56,17 @@ def flat_config(run: Run) -> dict[str, Any]:
   return flat
 
 
+# Fields whose bare name reads as something else in a report: a table's
+# "seed" is the run's seed, so partition.seed keeps its section.
+QUALIFIED = ("seed",)
+
+
 def short_names(keys: Sequence[str]) -> dict[str, str]:
   """Column titles: ``method.name -> method``, ``partition.p -> p`` where unique."""
   def short(k):
     section, _, field = k.partition(".")
+    if field in QUALIFIED:
+      return k
     return section if field == "name" else field
   shorts = [short(k) for k in keys]
   return {k: (s if shorts.count(s) == 1 else k) for k, s in zip(keys, shorts, strict=True)}
