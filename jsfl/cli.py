@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
   q.add_argument("dataset", help="dataset name, e.g. fashion_mnist or synthetic")
   q.add_argument("name", help="partition family: iid, dirichlet, dominant_label, "
-                 "sharding, exdir, natural")
+                 "sharding, exdir, labelwise, natural")
   q.add_argument("options", nargs="*", metavar="key=value",
                  help="partition options, e.g. alpha=0.1 or p=0.8 phi=1")
   q.add_argument("--clients", type=int, default=10, help="number of clients K")
