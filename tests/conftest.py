@@ -16,6 +16,9 @@ if "JSFL_COMPILE_CACHE" not in os.environ:
   os.environ["JSFL_COMPILE_CACHE"] = _cache
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
+import importlib.util  # noqa: E402
+import pathlib  # noqa: E402
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -27,6 +30,19 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # In this process too, before anything compiles (JAX settles the cache at
 # its first compilation).
 compile_cache.enable()
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_script(relpath, name=None):
+  """A script outside the package (``experiments/.../x.py``: relative to the
+  repository root, or absolute) imported as a module, for tests of the
+  recipes beside it."""
+  path = ROOT / relpath
+  spec = importlib.util.spec_from_file_location(name or path.stem, path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
 
 
 def make_fed_data(sizes, num_classes=4, shape=(8, 8, 1), seed=0, dominant=None):

@@ -6,20 +6,17 @@ hand-made logs: parse.py's figures, curves.py's per-round medians, the Hydra
 parse.py's seed and cell filters and orderings.py's check.
 """
 
-import importlib.util
 import json
 import pathlib
 
 import pytest
+from conftest import load_script
 
 HERE = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "multisfl" / "authors_code"
 
 
 def _load(name):
-  spec = importlib.util.spec_from_file_location(f"authors_code_{name}", HERE / f"{name}.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script(HERE / f"{name}.py", f"authors_code_{name}")
 
 
 def _authors_log(path, algorithm, seed, accs, p=None):
@@ -99,10 +96,7 @@ HYDRA = HERE.parents[1] / "hydra" / "authors_code"
 
 
 def _load_hydra(name):
-  spec = importlib.util.spec_from_file_location(f"hydra_authors_{name}", HYDRA / f"{name}.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script(HYDRA / f"{name}.py", f"hydra_authors_{name}")
 
 
 def _hydra_log(path, accs):

@@ -601,14 +601,9 @@ def test_torch_init_refuses_a_parameter_without_a_rule():
 
 # ------------------------------------------------- against PyTorch's model
 def _torch_reference(name):
-  import importlib.util
-  import pathlib
-  root = pathlib.Path(__file__).resolve().parent.parent
-  spec = importlib.util.spec_from_file_location(
-      "torch_reference", root / "experiments/hydra/authors_code/torch_reference.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod, np.load(root / f"tests/data/{name}_torch.npz")
+  from conftest import ROOT, load_script
+  mod = load_script("experiments/hydra/authors_code/torch_reference.py")
+  return mod, np.load(ROOT / f"tests/data/{name}_torch.npz")
 
 
 @pytest.mark.parametrize("name,count", [("mobilenet_v1", 83), ("resnet18", 62)])

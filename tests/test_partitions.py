@@ -309,15 +309,11 @@ def test_exdir_gives_up_with_clear_error():
 def _authors_reference():
   """partition_reference.py's fingerprints of the Hydra authors' partitioner
   and its synthetic labels / fingerprint helpers (one definition of each)."""
-  import importlib.util
   import json
-  import pathlib
-  root = pathlib.Path(__file__).resolve().parents[1]
-  spec = importlib.util.spec_from_file_location(
-      "partition_reference", root / "experiments/hydra/authors_code/partition_reference.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  ref = json.loads((root / "tests/data/labelwise_reference.json").read_text())
+
+  from conftest import ROOT, load_script
+  mod = load_script("experiments/hydra/authors_code/partition_reference.py")
+  ref = json.loads((ROOT / "tests/data/labelwise_reference.json").read_text())
   return mod, ref
 
 

@@ -24,19 +24,6 @@ import numpy as np
 from jsfl.partitions.iid import class_indices, split_by_owner
 
 
-def fractions(num_classes: int, num_clients: int, p: float) -> np.ndarray:
-  """The (L, K) matrix of label shares per client, as float64.
-
-  Built with the same float operations as the reference code, so that
-  ``round(fraction * n_l)`` lands on the same integers (0.2 / 9 * 600 is
-  13.33 either way; a half would round to even in both).
-  """
-  out = np.ones((num_classes, num_clients)) * ((1 - p) / (num_clients - 1))
-  for lab in range(num_classes):
-    out[lab][lab % num_clients] = p
-  return out
-
-
 def labelwise(labels: np.ndarray, num_clients: int, num_classes: int, seed: int, *,
               p: float = 0.8) -> list[np.ndarray]:
   """p%-DL as the Hydra authors' code draws it: client ``l mod K`` holds a
@@ -61,18 +48,20 @@ def labelwise(labels: np.ndarray, num_clients: int, num_classes: int, seed: int,
   if num_clients < 2:
     raise ValueError(f"labelwise: num_clients={num_clients}; allowed: >= 2 (the "
                      f"non-dominant share is divided by num_clients - 1)")
+  # The same float operations as their fraction matrix, so round(share * n_l)
+  # lands on the same integers (0.2 / 9 * 600 = 13.33; a half rounds to even
+  # in both).
+  other = (1 - p) / (num_clients - 1)
   rng = random.Random(seed)
-  shuffled = []
-  for idx in class_indices(labels, num_classes):
-    order = idx.tolist()
-    rng.shuffle(order)  # every label is shuffled before any is cut, as theirs
-    shuffled.append(order)
   owner = np.full(len(labels), -1, dtype=np.int64)
-  for order, row in zip(shuffled, fractions(num_classes, num_clients, p), strict=True):
+  for lab, idx in enumerate(class_indices(labels, num_classes)):
+    order = idx.tolist()
+    rng.shuffle(order)  # one generator, the labels in turn: their draw order
     begin = 0
-    for client, frac in enumerate(row):
+    for client in range(num_clients):
+      share = p if client == lab % num_clients else other
       # Python slicing: offsets past the label's end just give fewer samples.
-      end = begin + int(round(frac * len(order)))
+      end = begin + int(round(share * len(order)))
       owner[order[begin:end]] = client
       begin = end
   return split_by_owner(owner, num_clients)
