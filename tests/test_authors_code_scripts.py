@@ -3,12 +3,13 @@ experiments/hydra/authors_code/).
 
 Their own runs stay outside the repository, so these check the scripts on
 hand-made logs: parse.py's figures, curves.py's per-round medians, the Hydra
-parse.py's seed and cell filters and orderings.py's check.
+parse.py's seed and cell filters, orderings.py's check and trace_compare.py's distances.
 """
 
 import json
 import pathlib
 
+import numpy as np
 import pytest
 from conftest import load_script
 
@@ -145,3 +146,23 @@ def test_hydra_orderings_flag_a_flipped_pair(tmp_path, capsys):
   bad.write_text(head + "\n".join([rows[0], "hydra,cyclic,1,0,78.0,74.4,0.5"]) + "\n")
   assert orderings.main([str(bad)]) == 1
   assert "FLIP" in capsys.readouterr().out
+
+
+def test_trace_compare_scales_by_the_step_and_skips_still_tensors(tmp_path, capsys):
+  tc = _load_hydra("trace_compare")
+  init = {"init:4/conv/kernel": np.zeros((2, 2)), "init:4/norm/norm/mean": np.ones(3)}
+  ref = {"k1:4/conv/kernel": np.full((2, 2), 2.0), "k1:4/norm/norm/mean": np.ones(3)}
+  other = {"k1:4/conv/kernel": np.full((2, 2), 2.0) + np.eye(2) * 1e-3,
+           "k1:4/norm/norm/mean": np.full(3, 5.0)}
+  np.savez(tmp_path / "ref.npz", steps=np.array([1]), **init, **ref)
+  np.savez(tmp_path / "other.npz", **other)
+  out = tmp_path / "trace.json"
+  tc.main([str(out), f"a={tmp_path / 'ref.npz'}", f"b={tmp_path / 'other.npz'}"])
+  got = json.loads(out.read_text())
+  row = got["pairs"]["b"]["1"]
+  # the kernel moved by |2 * ones(2, 2)| = 4 and differs by sqrt(2) * 1e-3;
+  # the mean did not move in the reference, so it is left out
+  assert row["tensors"] == 1
+  assert row["median"] == pytest.approx(np.sqrt(2) * 1e-3 / 4.0)
+  assert got["reference"] == "a" and got["steps"] == [1]
+  assert "step   1" in capsys.readouterr().out

@@ -1,0 +1,195 @@
+"""The authors' half of the step trace: their ``run_sfl.py``, unchanged, from
+jsfl's weights, batches and order (``trace_jsfl.py``'s file).
+
+Runs their script's ``main()`` in the adapted clone with four things swapped
+in from the trace: the models' initial weights (jsfl's, by path), each
+client's loader (its one batch of the trace; their index set for the client
+is checked to hold it), the cyclic order their code draws with
+``random.randint`` (jsfl's), and a hook on ``torch.optim.SGD.step`` that
+records the server portion after each server step the trace lists.  The lr
+is float32's 0.05 (jsfl's), so the two sides start from the same numbers.
+``--f64`` makes the models and the inputs float64.
+
+Run with the authors' venv (``README.md`` step 2)::
+
+    /work/authors/venv/bin/python experiments/hydra/authors_code/trace_authors.py \
+        /tmp/trace/jsfl64.npz /tmp/trace/authors64.npz --f64
+
+``CLONE`` names the adapted clone (default ``/work/authors/Hydra``).
+Writes ``k<k>:<path>`` (the server after step ``k``, jsfl's layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+CUT = 4  # ../fmnist_mobilenet.toml's model.cut
+SETTING = ["--model_name", "mobilenet", "--width", "0.5", "--dataset_type", "fashion-mnist",
+           "--num_clients", "10", "--partition_method", "dl", "--alpha", "4",
+           "--batch_size", "64", "--training_lr", repr(float(np.float32(0.05))),
+           "--decay_rate", "0.993", "--min_lr", "0.005", "--device", "cpu",
+           "--train_subset", "6000", "--threads", "1", "--policy", "cyclic", "--phi", "1",
+           "--cut", str(CUT), "--epoch", "1", "--seed", "0"]
+
+
+def tensors(net, lo):
+  """jsfl path -> (tensor, axis order from jsfl's layout to PyTorch's) for a
+  ``models.staged.Staged`` MobileNetV1 range starting at stage ``lo``."""
+  import torch
+  out = {}
+  for j, stage in enumerate(net):
+    i = lo + j
+    if isinstance(stage, torch.nn.Sequential):  # conv - BN - relu
+      out[f"{i}/conv/kernel"] = (stage[0].weight, (3, 2, 0, 1))
+      for ours, theirs in (("scale", "weight"), ("bias", "bias"), ("mean", "running_mean"),
+                           ("var", "running_var")):
+        out[f"{i}/norm/norm/{ours}"] = (getattr(stage[1], theirs), None)
+    else:
+      out[f"{i}/dense/linear/kernel"] = (stage.fc.weight, (1, 0))
+      out[f"{i}/dense/linear/bias"] = (stage.fc.bias, None)
+  return out
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("trace")
+  ap.add_argument("out")
+  ap.add_argument("--f64", action="store_true")
+  args = ap.parse_args(argv)
+  trace = np.load(os.path.abspath(args.trace))
+  out_file = os.path.abspath(args.out)
+  clone = os.environ.get("CLONE", "/work/authors/Hydra")
+  os.chdir(clone)
+  sys.path.insert(0, clone)
+  import random
+
+  import get_data
+  import get_models
+  import jsfl_glue
+  import torch
+
+  dtype = np.float64 if args.f64 else np.float32
+  steps = [int(k) for k in trace["steps"]]
+  models = {}
+
+  def load(net, lo):
+    if args.f64:
+      net.double()
+    for path, (t, perm) in tensors(net, lo).items():
+      v = trace[f"init:{path}"]
+      t.data = torch.from_numpy(np.ascontiguousarray(v.transpose(perm) if perm else v,
+                                                     dtype=dtype))
+
+  their_get_model = get_models.get_model
+
+  def get_model(*a, **k):
+    (part1, server), nets = their_get_model(*a, **k)
+    if not models:  # the first call builds the run's models; the second a spare
+      load(part1, 0)
+      load(server, CUT)
+      models.update(part1=part1, server=server)
+      if args.f64:  # the clients copy part-1's state dict, so they need its dtype
+        for n in nets:
+          n.double()
+    return (part1, server), nets
+
+  get_models.get_model = get_model
+
+  def images(x_uint8, mean, std):
+    x = torch.from_numpy(x_uint8).to(torch.float64 if args.f64 else torch.float32)
+    return ((x / 255.0 - float(mean)) / float(std)).unsqueeze(1)
+
+  class OneBatch:
+    """A client's loader: its batch of the trace."""
+
+    def __init__(self, x, y):
+      self.x, self.y = x, y
+
+    def __len__(self):
+      return 1
+
+    def __iter__(self):
+      yield self.x, self.y
+
+  class Test:
+    """Their evaluation reads ``loader.dataset`` and iterates batches."""
+
+    def __init__(self, x, y):
+      self.x, self.y, self.dataset, self.loader = x, y, y, self
+
+    def __len__(self):
+      return -(-len(self.y) // 64)
+
+    def __iter__(self):
+      for i in range(0, len(self.y), 64):
+        yield self.x[i:i + 64], self.y[i:i + 64]
+
+  their_partition = get_data.get_data_partition
+
+  def get_data_partition(*a, **k):
+    loaders, val, _, how = their_partition(*a, **k)
+    fi = jsfl_glue.fmnist_idx
+    x, y = fi.load(train=True)
+    keep = jsfl_glue.train_subset(y, 6000)
+    x, y = x[keep], y[keep]
+    mean, std = (float(np.float32(v)) for v in fi.channel_stats(x))
+    xt, yt = fi.load(train=False)
+    ours = []
+    for c in range(len(loaders)):
+      b = trace["idx"][0, c][trace["mask"][0, c]]
+      held = set(int(i) for i in loaders[c].loader.dataset.index)
+      if not set(int(i) for i in b) <= held:
+        sys.exit(f"trace_authors: client {c}'s batch is not in their split")
+      ours.append(OneBatch(images(x[b], mean, std), torch.from_numpy(y[b].astype(np.int64))))
+    return ours, val, Test(images(xt, mean, std), torch.from_numpy(yt.astype(np.int64))), how
+
+  get_data.get_data_partition = get_data_partition
+
+  order = [int(c) for c in trace["order"]]
+
+  class Picks:
+    """``random`` for their script: ``randint`` gives jsfl's order."""
+
+    def __init__(self):
+      self.left = list(order)
+
+    def randint(self, a, b):
+      return self.left.pop(0)
+
+    def __getattr__(self, name):
+      return getattr(random, name)
+
+  dump, count = {}, [0]
+  their_step = torch.optim.SGD.step
+
+  def step(self, *a, **k):
+    result = their_step(self, *a, **k)
+    server = models.get("server")
+    if server is not None and any(p is next(server.parameters())
+                                  for g in self.param_groups for p in g["params"]):
+      count[0] += 1
+      if count[0] in steps:
+        for path, (t, perm) in tensors(server, CUT).items():
+          v = t.detach().numpy().astype(np.float64)  # a copy: later steps update t in place
+          dump[f"k{count[0]}:{path}"] = v.transpose(np.argsort(perm)) if perm else v
+      if count[0] == max(steps):
+        np.savez(out_file, **dump)
+        print(f"trace_authors: {'float64' if args.f64 else 'float32'}, server after steps "
+              f"{steps} -> {out_file}", flush=True)
+        sys.exit(0)
+    return result
+
+  torch.optim.SGD.step = step
+  sys.argv = ["run_sfl.py"] + SETTING
+  import run_sfl
+  run_sfl.random = Picks()
+  run_sfl.main()
+  sys.exit("trace_authors: their round ended before the last traced step")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,138 @@
+"""jsfl's half of the step trace: SFL's first server steps on MobileNetV1.
+
+The cross-check compares medians over seeds; the trace asks whether the two
+codes compute the same steps.  From jsfl's seed-0 initialisation (the
+authors' setting, ``../fmnist_mobilenet.toml``, SFL cyclic), each client's
+first batch of round 1 and the server's order, this runs a round in which
+only the first ``k`` clients of the order have their batch, so the server has
+taken ``k`` steps, for every ``k`` asked, and writes:
+
+* ``init:<path>``: the whole model's parameters and BatchNorm statistics by
+  jsfl path (``<stage>/conv/kernel``, ``<stage>/norm/norm/mean``, ...);
+* ``idx`` / ``mask`` / ``order``: every client's first batch (dataset indices
+  into the 6k subset) and the server's order, for ``trace_authors.py``;
+* ``k<k>:<path>``: the server portion after its ``k``-th step.
+
+``--x64`` computes in float64 (the model, the inputs, the steps); jax then
+draws the batches from its 64-bit generator, so a float32 trace takes the
+batches and the initialisation of a float64 one (``--like``) and both sides
+see the same data.  Run from the repository root with jsfl's environment::
+
+    python experiments/hydra/authors_code/trace_jsfl.py /tmp/trace/jsfl64.npz --x64
+    python experiments/hydra/authors_code/trace_jsfl.py /tmp/trace/jsfl32.npz \
+        --like /tmp/trace/jsfl64.npz
+
+``trace.sh`` runs both halves and ``trace_compare.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("out")
+  ap.add_argument("--x64", action="store_true", help="float64 throughout")
+  ap.add_argument("--like", help="a --x64 trace whose initialisation and batches to use")
+  ap.add_argument("--steps", default="1,2,3,5,7,10",
+                  help="server steps after which to record the server (comma list)")
+  args = ap.parse_args(argv)
+  if args.x64 == bool(args.like):
+    sys.exit("trace_jsfl: give --x64 or --like X64_TRACE (one of them)")
+  if args.x64:
+    os.environ["JAX_ENABLE_X64"] = "1"
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import jsfl.core.data as core_data
+  import jsfl.train.evaluate as evaluate_lib
+  from jsfl.config import load_config
+  from jsfl.engine import split
+  from jsfl.methods import sfl
+  from jsfl.train.experiment import prepare
+  from jsfl.train.programs import round_data, split_data
+
+  root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
+  cfg = load_config(os.path.join(root, "experiments/hydra/fmnist_mobilenet.toml"),
+                    ["method.name=sfl", "method.order=cyclic", "run.seeds=1"])
+  exp = prepare(cfg)
+  setup = exp.setup.static()
+  slot, shared = split_data(exp.data)
+  data = round_data(jax.tree.map(lambda a: a[0], slot), shared)
+  key = jax.random.key(0)
+  state = sfl.init(setup, key)
+  c = setup.cut
+  like = np.load(args.like) if args.like else None
+
+  def path_of(p, lo):
+    return "/".join([str(lo + p[0].idx)] + [str(getattr(q, "key", q)) for q in p[1:]])
+
+  def fill(tree, lo, dtype):
+    return jax.tree_util.tree_map_with_path(
+        lambda p, v: jnp.asarray(like[f"init:{path_of(p, lo)}"], dtype) if like is not None
+        else v.astype(dtype), tree)
+
+  dtype = jnp.float64 if args.x64 else jnp.float32
+  state = state.replace(part1=fill(state.part1, 0, dtype),
+                        part1_stats=fill(state.part1_stats, 0, dtype),
+                        part2=fill(state.part2, c, dtype),
+                        part2_stats=fill(state.part2_stats, c, dtype))
+  loss = split.cross_entropy
+  if args.x64:
+    def normalize64(x, mean, std):  # jsfl's formula, in float64
+      return (jnp.asarray(x).astype(jnp.float64) / 255.0 - mean) / std
+
+    core_data.normalize = evaluate_lib.normalize = normalize64
+    data = data._replace(mean=data.mean.astype(jnp.float64), std=data.std.astype(jnp.float64))
+
+    def loss(logits, y, mask):  # metrics stay float32 (the idle branch's dtype)
+      obj, reported, extra = split.cross_entropy(logits, y, mask)
+      return obj, reported.astype(jnp.float32), extra.astype(jnp.float32)
+
+  # the server's order: clients by the rank of their dominant label (cyclic)
+  order = np.argsort(np.asarray(state.label_rank)[np.asarray(data.dominant)], kind="stable")
+
+  def round_with(live):
+    def plan(*a):
+      p = split.plan_round(*a)
+      idx, mask = ((p.idx[:1], p.mask[:1]) if like is None  # each client's first batch
+                   else (jnp.asarray(like["idx"]), jnp.asarray(like["mask"])))
+      return p._replace(idx=idx, mask=mask & live[None, :, None])
+
+    alg = dataclasses.replace(sfl.algorithm(setup, state, loss), plan=plan)
+    out = split.run_round(alg, setup, state, data, jax.random.fold_in(key, 0),
+                          label_rank=state.label_rank)
+    return out.server.params, out.server.stats, out.plan.idx, out.plan.mask, out.orders
+
+  run = jax.jit(round_with)
+  dump = {}
+  for tree, lo in ((state.part1, 0), (state.part1_stats, 0), (state.part2, c),
+                   (state.part2_stats, c)):
+    for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      dump[f"init:{path_of(p, lo)}"] = np.asarray(v, np.float64)
+  ks = [int(k) for k in args.steps.split(",")]
+  everyone = jnp.ones(setup.clients_per_round, bool)
+  _, _, idx, mask, served = run(everyone)
+  if not (np.asarray(served)[0] == order).all():
+    sys.exit(f"trace_jsfl: the engine served {np.asarray(served)[0]}, expected {order}")
+  dump.update(idx=np.asarray(idx), mask=np.asarray(mask), order=order)
+  for k in ks:
+    live = jnp.asarray(np.isin(np.arange(len(order)), order[:k]))
+    params, stats, *_ = run(live)
+    for tree in (params, stats):
+      for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        dump[f"k{k}:{path_of(p, c)}"] = np.asarray(v, np.float64)
+  dump["steps"] = np.asarray(ks)
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  np.savez(args.out, **dump)
+  print(f"trace_jsfl: {'float64' if args.x64 else 'float32'}, server after steps {ks} "
+        f"-> {args.out}")
+
+
+if __name__ == "__main__":
+  main()
