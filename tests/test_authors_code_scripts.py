@@ -159,10 +159,11 @@ def test_trace_compare_scales_by_the_step_and_skips_still_tensors(tmp_path, caps
   out = tmp_path / "trace.json"
   tc.main([str(out), f"a={tmp_path / 'ref.npz'}", f"b={tmp_path / 'other.npz'}"])
   got = json.loads(out.read_text())
-  row = got["pairs"]["b"]["1"]
+  row = got["pairs"]["b"]["step 1"]
   # the kernel moved by |2 * ones(2, 2)| = 4 and differs by sqrt(2) * 1e-3;
   # the mean did not move in the reference, so it is left out
   assert row["tensors"] == 1
   assert row["median"] == pytest.approx(np.sqrt(2) * 1e-3 / 4.0)
+  assert row["of_value_max"] == pytest.approx(np.sqrt(2) * 1e-3 / 4.0)  # |2 * ones| = 4 too
   assert got["reference"] == "a" and got["steps"] == [1]
-  assert "step   1" in capsys.readouterr().out
+  assert "step 1" in capsys.readouterr().out

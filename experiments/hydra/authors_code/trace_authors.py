@@ -59,6 +59,11 @@ def main(argv=None) -> None:
   ap.add_argument("trace")
   ap.add_argument("out")
   ap.add_argument("--f64", action="store_true")
+  ap.add_argument("--rounds", action="store_true",
+                  help="run the trace's whole rounds (one batch a client) instead of its "
+                       "steps, recording the model after each round")
+  ap.add_argument("--lr", type=float, default=0.05)
+  ap.add_argument("--lr-min", type=float, default=0.005)
   args = ap.parse_args(argv)
   trace = np.load(os.path.abspath(args.trace))
   out_file = os.path.abspath(args.out)
@@ -73,7 +78,14 @@ def main(argv=None) -> None:
   import torch
 
   dtype = np.float64 if args.f64 else np.float32
-  steps = [int(k) for k in trace["steps"]]
+  steps = [] if args.rounds else [int(k) for k in trace["steps"]]
+  rounds = int(trace["rounds"]) if args.rounds else 1
+  if args.rounds and rounds < 1:
+    sys.exit("trace_authors: the trace has no rounds (trace_jsfl.py --rounds R)")
+  setting = [a for a in SETTING]
+  for flag, value in (("--training_lr", repr(float(np.float32(args.lr)))),
+                      ("--min_lr", repr(args.lr_min)), ("--epoch", str(rounds))):
+    setting[setting.index(flag) + 1] = value
   models = {}
 
   def load(net, lo):
@@ -92,9 +104,9 @@ def main(argv=None) -> None:
       load(part1, 0)
       load(server, CUT)
       models.update(part1=part1, server=server)
-      if args.f64:  # the clients copy part-1's state dict, so they need its dtype
-        for n in nets:
-          n.double()
+    if args.f64:  # the clients and the evaluation's spare copy state dicts into these
+      for n in (part1, server, *nets):
+        n.double()
     return (part1, server), nets
 
   get_models.get_model = get_model
@@ -103,17 +115,19 @@ def main(argv=None) -> None:
     x = torch.from_numpy(x_uint8).to(torch.float64 if args.f64 else torch.float32)
     return ((x / 255.0 - float(mean)) / float(std)).unsqueeze(1)
 
-  class OneBatch:
-    """A client's loader: its batch of the trace."""
+  current = [0]  # the round (their loop makes a client's iterator twice a round)
 
-    def __init__(self, x, y):
-      self.x, self.y = x, y
+  class OneBatch:
+    """A client's loader: its batch of the trace in each round."""
+
+    def __init__(self, batches):
+      self.batches = batches
 
     def __len__(self):
       return 1
 
     def __iter__(self):
-      yield self.x, self.y
+      yield self.batches[min(current[0], len(self.batches) - 1)]
 
   class Test:
     """Their evaluation reads ``loader.dataset`` and iterates batches."""
@@ -139,12 +153,16 @@ def main(argv=None) -> None:
     mean, std = (float(np.float32(v)) for v in fi.channel_stats(x))
     xt, yt = fi.load(train=False)
     ours = []
+    names = [f"_r{r}" for r in range(rounds)] if args.rounds else [""]
     for c in range(len(loaders)):
-      b = trace["idx"][0, c][trace["mask"][0, c]]
       held = set(int(i) for i in loaders[c].loader.dataset.index)
-      if not set(int(i) for i in b) <= held:
-        sys.exit(f"trace_authors: client {c}'s batch is not in their split")
-      ours.append(OneBatch(images(x[b], mean, std), torch.from_numpy(y[b].astype(np.int64))))
+      batches = []
+      for name in names:
+        b = trace[f"idx{name}"][0, c][trace[f"mask{name}"][0, c]]
+        if not set(int(i) for i in b) <= held:
+          sys.exit(f"trace_authors: client {c}'s batch is not in their split")
+        batches.append((images(x[b], mean, std), torch.from_numpy(y[b].astype(np.int64))))
+      ours.append(OneBatch(batches))
     return ours, val, Test(images(xt, mean, std), torch.from_numpy(yt.astype(np.int64))), how
 
   get_data.get_data_partition = get_data_partition
@@ -176,7 +194,7 @@ def main(argv=None) -> None:
         for path, (t, perm) in tensors(server, CUT).items():
           v = t.detach().numpy().astype(np.float64)  # a copy: later steps update t in place
           dump[f"k{count[0]}:{path}"] = v.transpose(np.argsort(perm)) if perm else v
-      if count[0] == max(steps):
+      if steps and count[0] == max(steps):
         np.savez(out_file, **dump)
         print(f"trace_authors: {'float64' if args.f64 else 'float32'}, server after steps "
               f"{steps} -> {out_file}", flush=True)
@@ -184,7 +202,31 @@ def main(argv=None) -> None:
     return result
 
   torch.optim.SGD.step = step
-  sys.argv = ["run_sfl.py"] + SETTING
+  their_round_start, their_record = jsfl_glue.round_start, jsfl_glue.record
+
+  def round_start():
+    their_round_start()
+    current[0] = round_start.calls
+    round_start.calls += 1
+
+  round_start.calls = 0
+
+  def record(loc):  # after their round's aggregation and evaluation
+    their_record(loc)
+    r = int(loc["epoch"])
+    for net, lo in ((loc["global_model_a"], 0), (loc["global_model_bb"], CUT)):
+      for path, (t, perm) in tensors(net, lo).items():
+        v = t.detach().numpy().astype(np.float64)
+        dump[f"r{r}:{path}"] = v.transpose(np.argsort(perm)) if perm else v
+    if r + 1 == rounds:
+      np.savez(out_file, **dump)
+      print(f"trace_authors: {'float64' if args.f64 else 'float32'}, the model after "
+            f"{rounds} rounds -> {out_file}", flush=True)
+      sys.exit(0)
+
+  if args.rounds:
+    jsfl_glue.round_start, jsfl_glue.record = round_start, record
+  sys.argv = ["run_sfl.py"] + setting
   import run_sfl
   run_sfl.random = Picks()
   run_sfl.main()

@@ -40,6 +40,11 @@ def main(argv=None) -> None:
   ap.add_argument("--like", help="a --x64 trace whose initialisation and batches to use")
   ap.add_argument("--steps", default="1,2,3,5,7,10",
                   help="server steps after which to record the server (comma list)")
+  ap.add_argument("--rounds", type=int, default=0,
+                  help="also R whole rounds of one batch a client (the aggregation, the "
+                       "next round's start and lr), recording the model after each")
+  ap.add_argument("--lr", type=float, help="optim.lr (a small one tames the chaos)")
+  ap.add_argument("--lr-min", type=float, help="optim.lr_min")
   args = ap.parse_args(argv)
   if args.x64 == bool(args.like):
     sys.exit("trace_jsfl: give --x64 or --like X64_TRACE (one of them)")
@@ -59,7 +64,9 @@ def main(argv=None) -> None:
 
   root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
   cfg = load_config(os.path.join(root, "experiments/hydra/fmnist_mobilenet.toml"),
-                    ["method.name=sfl", "method.order=cyclic", "run.seeds=1"])
+                    ["method.name=sfl", "method.order=cyclic", "run.seeds=1"]
+                    + ([f"optim.lr={args.lr}"] if args.lr else [])
+                    + ([f"optim.lr_min={args.lr_min}"] if args.lr_min else []))
   exp = prepare(cfg)
   setup = exp.setup.static()
   slot, shared = split_data(exp.data)
@@ -97,17 +104,20 @@ def main(argv=None) -> None:
   # the server's order: clients by the rank of their dominant label (cyclic)
   order = np.argsort(np.asarray(state.label_rank)[np.asarray(data.dominant)], kind="stable")
 
-  def round_with(live):
+  def round_with(state, live, r, given):
     def plan(*a):
       p = split.plan_round(*a)
-      idx, mask = ((p.idx[:1], p.mask[:1]) if like is None  # each client's first batch
-                   else (jnp.asarray(like["idx"]), jnp.asarray(like["mask"])))
+      idx, mask = (p.idx[:1], p.mask[:1]) if given is None else given  # first batches
       return p._replace(idx=idx, mask=mask & live[None, :, None])
 
     alg = dataclasses.replace(sfl.algorithm(setup, state, loss), plan=plan)
-    out = split.run_round(alg, setup, state, data, jax.random.fold_in(key, 0),
+    out = split.run_round(alg, setup, state, data, jax.random.fold_in(key, r),
                           label_rank=state.label_rank)
-    return out.server.params, out.server.stats, out.plan.idx, out.plan.mask, out.orders
+    return sfl.finish(state, out)[0], out.server, out.plan.idx, out.plan.mask, out.orders
+
+  def given_of(name):
+    return None if like is None else (jnp.asarray(like[f"idx{name}"]),
+                                      jnp.asarray(like[f"mask{name}"]))
 
   run = jax.jit(round_with)
   dump = {}
@@ -117,17 +127,25 @@ def main(argv=None) -> None:
       dump[f"init:{path_of(p, lo)}"] = np.asarray(v, np.float64)
   ks = [int(k) for k in args.steps.split(",")]
   everyone = jnp.ones(setup.clients_per_round, bool)
-  _, _, idx, mask, served = run(everyone)
+  _, _, idx, mask, served = run(state, everyone, 0, given_of(""))
   if not (np.asarray(served)[0] == order).all():
     sys.exit(f"trace_jsfl: the engine served {np.asarray(served)[0]}, expected {order}")
   dump.update(idx=np.asarray(idx), mask=np.asarray(mask), order=order)
   for k in ks:
     live = jnp.asarray(np.isin(np.arange(len(order)), order[:k]))
-    params, stats, *_ = run(live)
-    for tree in (params, stats):
+    _, server, *_ = run(state, live, 0, given_of(""))
+    for tree in (server.params, server.stats):
       for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
         dump[f"k{k}:{path_of(p, c)}"] = np.asarray(v, np.float64)
   dump["steps"] = np.asarray(ks)
+  dump["rounds"] = np.asarray(args.rounds)
+  for r in range(args.rounds):
+    state, _, idx, mask, _ = run(state, everyone, r, given_of(f"_r{r}"))
+    dump.update({f"idx_r{r}": np.asarray(idx), f"mask_r{r}": np.asarray(mask)})
+    params, stats = sfl.output_model(setup, state)
+    for tree in (params, stats):
+      for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        dump[f"r{r}:{path_of(p, 0)}"] = np.asarray(v, np.float64)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   np.savez(args.out, **dump)
   print(f"trace_jsfl: {'float64' if args.x64 else 'float32'}, server after steps {ks} "
