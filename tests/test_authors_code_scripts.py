@@ -167,3 +167,28 @@ def test_trace_compare_scales_by_the_step_and_skips_still_tensors(tmp_path, caps
   assert row["of_value_max"] == pytest.approx(np.sqrt(2) * 1e-3 / 4.0)  # |2 * ones| = 4 too
   assert got["reference"] == "a" and got["steps"] == [1]
   assert "step 1" in capsys.readouterr().out
+
+
+def test_seed_test_matches_cells_and_tells_separated_seeds(tmp_path, capsys):
+  st = _load_hydra("seed_test")
+  seeds = tmp_path / "report_seeds.csv"
+  with open(seeds, "w") as f:
+    f.write("method.name,method.order,method.batches_per_turn,method.groups,run,seed,accuracy\n")
+    for s in range(5):
+      f.write(f"sfl,cyclic,1,-,r,{s},{60 + s}\n")     # far above theirs
+      f.write(f"multihead,cyclic,1,-,r,{s},{20 + s}\n")  # the same as theirs
+  runs = [{"cell": c, "seed": s, "rounds": [{"accuracy": 0.0}] * 5 + [{"accuracy": a}] * 5}
+          for s in range(5) for c, a in (("sfl_cyclic", 40 + s), ("multihead", 20 + s))]
+  cells = {"sfl_cyclic": {"config": {"method.name": "sfl", "method.order": "cyclic",
+                                     "method.batches_per_turn": 1, "method.groups": ""}},
+           "multihead": {"config": {"method.name": "multihead", "method.order": "",
+                                    "method.batches_per_turn": "", "method.groups": ""}}}
+  theirs = tmp_path / "authors.json"
+  theirs.write_text(json.dumps({"runs": runs, "cells": cells}))
+  out = tmp_path / "test.json"
+  st.main(["--jsfl", str(seeds), "--authors", str(theirs), "--out", str(out)])
+  rows = {r["cell"]["method.name"]: r for r in json.loads(out.read_text())}
+  assert rows["sfl"]["gap"] == 20.0 and rows["sfl"]["p"] < 0.05
+  # their baseline leaves the order empty: it still pairs with jsfl's cyclic row
+  assert rows["multihead"]["gap"] == 0.0 and rows["multihead"]["p"] == 1.0
+  assert "multihead" in capsys.readouterr().out
