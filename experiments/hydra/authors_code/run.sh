@@ -12,6 +12,8 @@
 #        MODEL  small_cnn (default: 15 rounds) or mobilenet (width 0.5, 10 rounds)
 #        ROUNDS rounds per run (the model's default above)
 #        SEEDS  seeds ("0 1 2 3 4")     CELLS  cells (default: all, in the order below)
+#        CELL_MAJOR=1  every seed of a cell before the next cell (default: seed
+#               after seed, so a stopped queue leaves every cell short)
 #        THREADS torch threads (1)
 set -uo pipefail
 [[ $# -eq 1 ]] || { echo "usage: bash run.sh LOG_DIR" >&2; exit 2; }
@@ -21,8 +23,6 @@ case $model in
   mobilenet) cut=4 head=26 rounds=${ROUNDS:-10} extra=(--width 0.5) ;;
   *) echo "run.sh: MODEL=$model; allowed: small_cnn, mobilenet" >&2; exit 2 ;;
 esac
-mkdir -p "$1/$model"
-logs=$(cd "$1/$model" && pwd)
 clone=${CLONE:-/work/authors/Hydra}
 py=${PY:-/work/authors/venv/bin/python}
 [[ -f "$clone/.jsfl_adapted" ]] || { echo "run.sh: $clone is not adapted (run adapt.py)" >&2; exit 2; }
@@ -62,30 +62,39 @@ done_rounds() {  # rounds in a log (0 if none)
 print(len({json.loads(l)["round"] for l in open(sys.argv[1]) if l.strip()}))' "$1"
 }
 
+runs=()  # "seed cell" pairs: seed after seed, or with CELL_MAJOR=1 cell after cell
+for cell in ${CELLS:-$ORDER}; do
+  [[ -n "${CELL[$cell]:-}" ]] || { echo "run.sh: cell $cell; allowed: $ORDER" >&2; exit 2; }
+done
+if [[ ${CELL_MAJOR:-0} == 1 ]]; then
+  for cell in ${CELLS:-$ORDER}; do for seed in ${SEEDS:-0 1 2 3 4}; do runs+=("$seed $cell"); done; done
+else
+  for seed in ${SEEDS:-0 1 2 3 4}; do for cell in ${CELLS:-$ORDER}; do runs+=("$seed $cell"); done; done
+fi
+mkdir -p "$1/$model"  # only once every option is known good
+logs=$(cd "$1/$model" && pwd)
 failed=0
 cd "$clone"
-for seed in ${SEEDS:-0 1 2 3 4}; do
-  for cell in ${CELLS:-$ORDER}; do
-    [[ -n "${CELL[$cell]:-}" ]] || { echo "run.sh: cell $cell; allowed: $ORDER" >&2; exit 2; }
-    name="${cell}_seed${seed}"
-    log="$logs/$name.jsonl"
-    if [[ $(done_rounds "$log") -ge $rounds ]]; then
-      echo "== $model $name: $rounds rounds done, skipped"
-      continue
-    fi
-    rm -f "$log"
-    echo "== $model $name: started $(date -Is)"
-    # shellcheck disable=SC2086  # the cell's options are words
-    JSFL_CELL=$cell "$py" ${CELL[$cell]} "${common[@]}" --seed "$seed" --round_log "$log" \
-      > "$logs/$name.out" 2>&1
-    rc=$?
-    got=$(done_rounds "$log")
-    if [[ $got -ge $rounds ]]; then
-      echo "== $model $name: finished $(date -Is) ($got rounds)"
-    else
-      echo "== $model $name: FAILED (exit $rc, $got of $rounds rounds; see $logs/$name.out)" >&2
-      failed=1
-    fi
-  done
+for run in "${runs[@]}"; do
+  read -r seed cell <<< "$run"
+  name="${cell}_seed${seed}"
+  log="$logs/$name.jsonl"
+  if [[ $(done_rounds "$log") -ge $rounds ]]; then
+    echo "== $model $name: $rounds rounds done, skipped"
+    continue
+  fi
+  rm -f "$log"
+  echo "== $model $name: started $(date -Is)"
+  # shellcheck disable=SC2086  # the cell's options are words
+  JSFL_CELL=$cell "$py" ${CELL[$cell]} "${common[@]}" --seed "$seed" --round_log "$log" \
+    > "$logs/$name.out" 2>&1
+  rc=$?
+  got=$(done_rounds "$log")
+  if [[ $got -ge $rounds ]]; then
+    echo "== $model $name: finished $(date -Is) ($got rounds)"
+  else
+    echo "== $model $name: FAILED (exit $rc, $got of $rounds rounds; see $logs/$name.out)" >&2
+    failed=1
+  fi
 done
 exit $failed
