@@ -11,7 +11,11 @@ taken ``k`` steps, for every ``k`` asked, and writes:
   jsfl path (``<stage>/conv/kernel``, ``<stage>/norm/norm/mean``, ...);
 * ``idx`` / ``mask`` / ``order``: every client's first batch (dataset indices
   into the 6k subset) and the server's order, for ``trace_authors.py``;
-* ``k<k>:<path>``: the server portion after its ``k``-th step.
+* ``k<k>:<path>``: the server portion after its ``k``-th step;
+* with ``--rounds R``: ``idx_r<r>`` / ``mask_r<r>`` and ``r<r>:<path>``, R
+  whole rounds of one batch a client (every client, the part-1 average, the
+  next round from it, the decayed lr) and the whole model after each; with a
+  small ``--lr`` these are not chaotic, so they compare over rounds.
 
 ``--x64`` computes in float64 (the model, the inputs, the steps); jax then
 draws the batches from its 64-bit generator, so a float32 trace takes the
