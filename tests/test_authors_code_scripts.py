@@ -177,7 +177,7 @@ def test_seed_test_matches_cells_and_tells_separated_seeds(tmp_path, capsys):
     for s in range(5):
       f.write(f"sfl,cyclic,1,-,r,{s},{60 + s}\n")     # far above theirs
       f.write(f"multihead,cyclic,1,-,r,{s},{20 + s}\n")  # the same as theirs
-  runs = [{"cell": c, "seed": s, "rounds": [{"accuracy": 0.0}] * 5 + [{"accuracy": a}] * 5}
+  runs = [{"cell": c, "seed": s, "final": {"accuracy": a}}
           for s in range(5) for c, a in (("sfl_cyclic", 40 + s), ("multihead", 20 + s))]
   cells = {"sfl_cyclic": {"config": {"method.name": "sfl", "method.order": "cyclic",
                                      "method.batches_per_turn": 1, "method.groups": ""}},

@@ -52,18 +52,16 @@ def jsfl_seeds(paths) -> dict[tuple, dict[int, float]]:
   return cells
 
 
-def authors_seeds(paths, last: int = 5) -> dict[tuple, dict[int, float]]:
-  """Per cell, per seed, the median of the last ``last`` rounds of their run."""
+def authors_seeds(paths) -> dict[tuple, dict[int, float]]:
+  """Per cell, per seed, their run's figure (``parse.py``'s ``final``)."""
   cells: dict[tuple, dict[int, float]] = {}
   for p in paths:
     with open(p) as f:
       d = json.load(f)
     config = {name: _key(c["config"]) for name, c in d["cells"].items()}
     for run in d["runs"]:
-      if run["cell"] not in config:
-        continue
-      acc = [r["accuracy"] for r in run["rounds"]][-last:]
-      cells.setdefault(config[run["cell"]], {})[int(run["seed"])] = statistics.median(acc)
+      if run["cell"] in config:
+        cells.setdefault(config[run["cell"]], {})[int(run["seed"])] = run["final"]["accuracy"]
   return cells
 
 
