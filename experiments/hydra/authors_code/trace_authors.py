@@ -38,20 +38,27 @@ SETTING = ["--model_name", "mobilenet", "--width", "0.5", "--dataset_type", "fas
 
 def tensors(net, lo):
   """jsfl path -> (tensor, axis order from jsfl's layout to PyTorch's) for a
-  ``models.staged.Staged`` MobileNetV1 range starting at stage ``lo``."""
+  ``models.staged.Staged`` MobileNetV1 range starting at stage ``lo``, by
+  ``torch_reference.py``'s mapping."""
   import torch
-  out = {}
+  import torch_reference as ref
+  table: dict = {}
   for j, stage in enumerate(net):
     i = lo + j
     if isinstance(stage, torch.nn.Sequential):  # conv - BN - relu
-      out[f"{i}/conv/kernel"] = (stage[0].weight, (3, 2, 0, 1))
-      for ours, theirs in (("scale", "weight"), ("bias", "bias"), ("mean", "running_mean"),
-                           ("var", "running_var")):
-        out[f"{i}/norm/norm/{ours}"] = (getattr(stage[1], theirs), None)
+      ref._conv(table, f"{i}/conv", stage[0])
+      ref._bn(table, table, f"{i}/norm", stage[1])
     else:
-      out[f"{i}/dense/linear/kernel"] = (stage.fc.weight, (1, 0))
-      out[f"{i}/dense/linear/bias"] = (stage.fc.bias, None)
-  return out
+      ref._linear(table, f"{i}/dense/linear", stage.fc)
+  return {path: (t, perm) for path, (t, _, perm) in table.items()}
+
+
+def snapshot(net, lo, prefix, out):
+  """``out[prefix + path]``: a float64 copy of every tensor in jsfl's layout
+  (a copy: later steps update the tensors in place)."""
+  for path, (t, perm) in tensors(net, lo).items():
+    v = t.detach().numpy().astype(np.float64)
+    out[prefix + path] = v.transpose(np.argsort(perm)) if perm else v
 
 
 def main(argv=None) -> None:
@@ -69,6 +76,7 @@ def main(argv=None) -> None:
   out_file = os.path.abspath(args.out)
   clone = os.environ.get("CLONE", "/work/authors/Hydra")
   os.chdir(clone)
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # torch_reference
   sys.path.insert(0, clone)
   import random
 
@@ -191,9 +199,7 @@ def main(argv=None) -> None:
                                   for g in self.param_groups for p in g["params"]):
       count[0] += 1
       if count[0] in steps:
-        for path, (t, perm) in tensors(server, CUT).items():
-          v = t.detach().numpy().astype(np.float64)  # a copy: later steps update t in place
-          dump[f"k{count[0]}:{path}"] = v.transpose(np.argsort(perm)) if perm else v
+        snapshot(server, CUT, f"k{count[0]}:", dump)
       if steps and count[0] == max(steps):
         np.savez(out_file, **dump)
         print(f"trace_authors: {'float64' if args.f64 else 'float32'}, server after steps "
@@ -214,10 +220,8 @@ def main(argv=None) -> None:
   def record(loc):  # after their round's aggregation and evaluation
     their_record(loc)
     r = int(loc["epoch"])
-    for net, lo in ((loc["global_model_a"], 0), (loc["global_model_bb"], CUT)):
-      for path, (t, perm) in tensors(net, lo).items():
-        v = t.detach().numpy().astype(np.float64)
-        dump[f"r{r}:{path}"] = v.transpose(np.argsort(perm)) if perm else v
+    snapshot(loc["global_model_a"], 0, f"r{r}:", dump)
+    snapshot(loc["global_model_bb"], CUT, f"r{r}:", dump)
     if r + 1 == rounds:
       np.savez(out_file, **dump)
       print(f"trace_authors: {'float64' if args.f64 else 'float32'}, the model after "

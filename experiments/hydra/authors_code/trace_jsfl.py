@@ -125,10 +125,15 @@ def main(argv=None) -> None:
 
   run = jax.jit(round_with)
   dump = {}
-  for tree, lo in ((state.part1, 0), (state.part1_stats, 0), (state.part2, c),
-                   (state.part2_stats, c)):
-    for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
-      dump[f"init:{path_of(p, lo)}"] = np.asarray(v, np.float64)
+
+  def record(prefix, lo, *trees):
+    """``dump[prefix + path]`` for every leaf of stage ranges starting at ``lo``."""
+    for tree in trees:
+      for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        dump[prefix + path_of(p, lo)] = np.asarray(v, np.float64)
+
+  record("init:", 0, state.part1, state.part1_stats)
+  record("init:", c, state.part2, state.part2_stats)
   ks = [int(k) for k in args.steps.split(",")]
   everyone = jnp.ones(setup.clients_per_round, bool)
   _, _, idx, mask, served = run(state, everyone, 0, given_of(""))
@@ -138,18 +143,13 @@ def main(argv=None) -> None:
   for k in ks:
     live = jnp.asarray(np.isin(np.arange(len(order)), order[:k]))
     _, server, *_ = run(state, live, 0, given_of(""))
-    for tree in (server.params, server.stats):
-      for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        dump[f"k{k}:{path_of(p, c)}"] = np.asarray(v, np.float64)
+    record(f"k{k}:", c, server.params, server.stats)
   dump["steps"] = np.asarray(ks)
   dump["rounds"] = np.asarray(args.rounds)
   for r in range(args.rounds):
     state, _, idx, mask, _ = run(state, everyone, r, given_of(f"_r{r}"))
     dump.update({f"idx_r{r}": np.asarray(idx), f"mask_r{r}": np.asarray(mask)})
-    params, stats = sfl.output_model(setup, state)
-    for tree in (params, stats):
-      for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        dump[f"r{r}:{path_of(p, 0)}"] = np.asarray(v, np.float64)
+    record(f"r{r}:", 0, *sfl.output_model(setup, state))
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   np.savez(args.out, **dump)
   print(f"trace_jsfl: {'float64' if args.x64 else 'float32'}, server after steps {ks} "
