@@ -213,7 +213,15 @@ def _depthwise_shifts_bwd(stride, padding, res, ct):
   kh, kw = kernel.shape[:2]
   _, h, w, _ = x.shape
   taps, oh, ow = _patches(x, kh, kw, stride, padding)
-  d_kernel = jnp.stack([jnp.sum(tap * ct, axis=(0, 1, 2)) for tap in taps])
+  # Each tap's kernel gradient is a sum over every (sample, row, column):
+  # written as a vector-matrix product XLA:CPU streams it through its matmul
+  # kernel, where a reduction over the three leading axes first materialises
+  # each padded tap and then reduces it column-wise (MobileNetV1 x0.5 step,
+  # one core: 193 -> 156 ms; two cores: 118 -> 97 ms).
+  ones = jnp.ones((x.shape[0] * oh * ow,), ct.dtype)
+  # HIGHEST keeps the sum in float32 where a backend would round matmul inputs
+  d_kernel = jnp.stack([jnp.dot(ones, (tap * ct).reshape(-1, ct.shape[-1]),
+                                precision=lax.Precision.HIGHEST) for tap in taps])
   d_kernel = d_kernel.reshape(kernel.shape).astype(kernel.dtype)
   _, ph0, ph1 = _pads(h, kh, stride, padding)
   _, pw0, pw1 = _pads(w, kw, stride, padding)
