@@ -216,9 +216,24 @@ def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
   return 2 * n ** 3 / best
 
 
+def cpu_model() -> str:
+  """The CPU's name and family / model numbers (a VM's host can change
+  between runs while its hostname and kernel stay)."""
+  fields = {}
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        k, _, v = line.partition(":")
+        fields.setdefault(k.strip(), v.strip())
+  except OSError:
+    return platform.processor()
+  return (f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, "
+          f"model {fields.get('model', '?')})")
+
+
 def machine() -> dict:
   return {"host": socket.gethostname(), "platform": platform.platform(),
-          "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+          "cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
 
 
 def main() -> None:

@@ -149,7 +149,10 @@ def main() -> None:
       with open(args.out_json, "w") as f:
         json.dump(t, f)
     return
-  res = {"host": socket.gethostname(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from hydra_vs_authors import cpu_model
+  res = {"host": socket.gethostname(), "cpu": cpu_model(),
+         "xla_flags": os.environ.get("XLA_FLAGS", ""),
          "width": WIDTH, "batch": BATCH, "jsfl": jax_side(args.n)}
   if args.torch_json:
     with open(args.torch_json) as f:

@@ -217,7 +217,7 @@ def _depthwise_shifts_bwd(stride, padding, res, ct):
   # written as a vector-matrix product XLA:CPU streams it through its matmul
   # kernel, where a reduction over the three leading axes first materialises
   # each padded tap and then reduces it column-wise (MobileNetV1 x0.5 step,
-  # one core: 193 -> 156 ms; two cores: 118 -> 97 ms).
+  # one core: 193 -> 153 ms; two cores: 118 -> 97 ms).
   ones = jnp.ones((x.shape[0] * oh * ow,), ct.dtype)
   # HIGHEST keeps the sum in float32 where a backend would round matmul inputs
   d_kernel = jnp.stack([jnp.dot(ones, (tap * ct).reshape(-1, ct.shape[-1]),
