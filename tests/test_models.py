@@ -145,6 +145,43 @@ def test_depthwise_shifts_matches_grouped_values_and_grads(kernel):
     _close(grads[1], grads[0])
 
 
+@pytest.mark.parametrize("client_exec", ["vmap", "unroll"])
+def test_depthwise_lowerings_agree_inside_a_split_round(client_exec):
+  """The shifted depthwise layers' hand-written VJP (kernel gradient as a
+  matmul per tap) inside a whole SFL round, ragged clients (padded, masked
+  batches), vmapped or unrolled: the same round as XLA's grouped
+  convolution.  A layer-level check cannot see this: XLA:CPU has been seen to
+  compile a ``ones @ x`` column sum wrongly inside a round program (a
+  BatchNorm VJP of that form; benchmarks/README.md) while the same product
+  compiled alone was right.  GroupNorm: BatchNorm over one- or two-sample
+  batches would amplify rounding beyond any tolerance, and without a norm
+  this network barely trains in one round."""
+  from conftest import make_fed_data
+  from loop_reference import make_setup
+
+  from jsfl.methods import sfl
+  data = make_fed_data([7, 5, 10], shape=(28, 28, 1))
+  key = jax.random.key(3)
+  states = []
+  for dw in ("grouped", "shifts"):
+    model = get_model("mobilenet_v1", (28, 28, 1), 4, width=0.125, conv_impl="im2col",
+                      depthwise_impl=dw, norm="group")
+    setup = make_setup(model, data, cut=4, client_exec=client_exec)
+    state = sfl.init(setup, key)
+    states.append(jax.jit(lambda s, k, setup=setup: sfl.round(setup, s, data, k))(
+        state, key)[0])
+  start, checked = sfl.init(setup, key), 0
+  # every depthwise kernel of part-1 and of the server portion trained
+  for before, after in ((start.part1, states[0].part1), (start.part2, states[0].part2)):
+    for b, a in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+      if a.ndim == 4 and a.shape[:3] == (3, 3, 1):
+        checked += 1
+        assert float(jnp.abs(a - b).max()) > 1e-2
+  assert checked == 14  # the 13 depthwise layers and the one-channel stem
+  # rounding of the two lowerings, through GroupNorm; a wrong sum is ~1e-3
+  chex.assert_trees_all_close(states[1], states[0], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("impl", layers.CONV_IMPLS)
 def test_torch_padding_is_kernel_half_on_every_side(impl):
   """TORCH = zero-pad ``k // 2`` on every side, then VALID (PyTorch's
