@@ -312,21 +312,82 @@ class BatchNorm(nnx.Module):
 
   def __call__(self, x, *, use_running_average: bool, mask=None):
     if use_running_average:
-      mean, var = self.mean[...], self.var[...]
-    else:
-      axes = tuple(range(x.ndim - 1))
-      where = None if mask is None else jnp.broadcast_to(mask, x.shape)
-      # One fused pass over x for both moments (Flax's default too); the
-      # clamp keeps a cancelled difference from going negative.
-      mean = jnp.mean(x, axes, where=where)
-      var = jnp.maximum(jnp.mean(jnp.square(x), axes, where=where) - jnp.square(mean), 0.0)
-      n = (x.size if where is None else jnp.sum(where)) // x.shape[-1]
-      unbiased = var * (n / jnp.maximum(n - 1, 1))
-      m = self.momentum
-      self.mean[...] = (1 - m) * self.mean[...] + m * mean
-      self.var[...] = (1 - m) * self.var[...] + m * unbiased
-    y = (x - mean) * lax.rsqrt(var + self.epsilon)
-    return y * self.scale[...] + self.bias[...]
+      y = (x - self.mean[...]) * lax.rsqrt(self.var[...] + self.epsilon)
+      return y * self.scale[...] + self.bias[...]
+    c = x.shape[-1]
+    x2 = x.reshape(-1, c)
+    if mask is None:
+      w = jnp.ones((x2.shape[0],), x.dtype)
+    else:  # one weight per (sample, position): the sample's mask
+      w = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).reshape(-1).astype(x.dtype)
+    y, mean, var = _batch_norm_train(x2, w, self.scale[...], self.bias[...],
+                                     self.epsilon)
+    n = jnp.sum(w)
+    unbiased = var * (n / jnp.maximum(n - 1, 1))
+    m = self.momentum
+    self.mean[...] = (1 - m) * self.mean[...] + m * mean
+    self.var[...] = (1 - m) * self.var[...] + m * unbiased
+    return y.reshape(x.shape)
+
+
+def _column_sum(x2, w):
+  """``sum_p w[p] * x2[p, :]``.  A reduction, not ``w @ x2``: XLA:CPU was
+  seen computing that matmul wrongly inside a round program (right when
+  compiled alone; benchmarks/README.md)."""
+  return jnp.sum(x2 * w[:, None], axis=0)
+
+
+def _bn_forward(x2, w, scale, bias, epsilon):
+  n = jnp.sum(w)
+  mean = _column_sum(x2, w) / n
+  # One pass over x for both moments (Flax's default too); the clamp keeps a
+  # cancelled difference from going negative.
+  raw = _column_sum(x2 * x2, w) / n - mean * mean
+  var = jnp.maximum(raw, 0.0)
+  inv = lax.rsqrt(var + epsilon)
+  xhat = (x2 - mean) * inv
+  # d var / d raw as autodiff takes it through the clamp (a tie halves)
+  d_clamp = jnp.where(raw > 0, 1.0, jnp.where(raw == 0, 0.5, 0.0)).astype(x2.dtype)
+  return (xhat * scale + bias, mean, var), (x2, w, mean, inv, scale, n, d_clamp)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _batch_norm_train(x2, w, scale, bias, epsilon):
+  """Training BatchNorm over rows ``x2`` ``(positions, C)`` weighted 0 / 1 by
+  ``w`` (padded samples 0): ``(y, batch mean, biased batch variance)``.
+
+  Its own VJP, autodiff's chain written out step for step: XLA:CPU runs it
+  with fewer passes over the activations than the autodiff of the masked
+  means (MobileNetV1 x0.5 step on a Zen 5 core: 153 -> 131 ms; two cores
+  97 -> 81 ms).  The masked rows enter the statistics with weight 0 and get
+  only the direct gradient, as under autodiff."""
+  return _bn_forward(x2, w, scale, bias, epsilon)[0]
+
+
+def _batch_norm_train_fwd(x2, w, scale, bias, epsilon):
+  return _bn_forward(x2, w, scale, bias, epsilon)
+
+
+def _batch_norm_train_bwd(epsilon, res, cts):
+  """Autodiff's chain through the forward, written out (a shortened closed
+  form rounds differently, which a near-constant channel amplifies)."""
+  x2, w, mean, inv, scale, n, d_clamp = res
+  g, g_mean, g_var = cts
+  ones = jnp.ones_like(w)
+  centred = x2 - mean
+  d_bias = _column_sum(g, ones)
+  d_scale = _column_sum(g * centred, ones) * inv
+  g_xhat = g * scale
+  g_inv = _column_sum(g_xhat * centred, ones)
+  g_raw = d_clamp * (g_var - 0.5 * inv * inv * inv * g_inv)
+  g_sum1 = (g_mean - _column_sum(g_xhat, ones) * inv - 2.0 * mean * g_raw) / n
+  g_sum2 = g_raw / n
+  wc = w[:, None]
+  d_x2 = g_xhat * inv + wc * g_sum1 + 2.0 * x2 * wc * g_sum2
+  return d_x2, jnp.zeros_like(w), d_scale, d_bias
+
+
+_batch_norm_train.defvjp(_batch_norm_train_fwd, _batch_norm_train_bwd)
 
 
 class Norm2d(nnx.Module):
