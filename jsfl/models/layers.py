@@ -373,14 +373,13 @@ def _batch_norm_train_bwd(epsilon, res, cts):
   form rounds differently, which a near-constant channel amplifies)."""
   x2, w, mean, inv, scale, n, d_clamp = res
   g, g_mean, g_var = cts
-  ones = jnp.ones_like(w)
   centred = x2 - mean
-  d_bias = _column_sum(g, ones)
-  d_scale = _column_sum(g * centred, ones) * inv
+  d_bias = jnp.sum(g, axis=0)
+  d_scale = jnp.sum(g * centred, axis=0) * inv
   g_xhat = g * scale
-  g_inv = _column_sum(g_xhat * centred, ones)
+  g_inv = jnp.sum(g_xhat * centred, axis=0)
   g_raw = d_clamp * (g_var - 0.5 * inv * inv * inv * g_inv)
-  g_sum1 = (g_mean - _column_sum(g_xhat, ones) * inv - 2.0 * mean * g_raw) / n
+  g_sum1 = (g_mean - jnp.sum(g_xhat, axis=0) * inv - 2.0 * mean * g_raw) / n
   g_sum2 = g_raw / n
   wc = w[:, None]
   d_x2 = g_xhat * inv + wc * g_sum1 + 2.0 * x2 * wc * g_sum2
