@@ -236,6 +236,13 @@ def machine() -> dict:
           "cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
 
 
+def _default_jsfl() -> str:
+  # the venv's jsfl when this script runs with the venv's python but the venv
+  # is not activated; checked before the authors' side spends its minutes
+  beside = os.path.join(os.path.dirname(sys.executable), "jsfl")
+  return beside if os.access(beside, os.X_OK) else (shutil.which("jsfl") or "jsfl")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--model", choices=sorted(CONFIGS), default="small_cnn")
@@ -253,10 +260,14 @@ def main() -> None:
                   help="the authors' adapted clone (default: /work/authors/Hydra, or "
                        "/work/authors/MultiSFL for --model multisfl)")
   ap.add_argument("--py", default=os.environ.get("PY", "/work/authors/venv/bin/python"))
-  ap.add_argument("--jsfl", default=shutil.which("jsfl") or "jsfl")
+  ap.add_argument("--jsfl", default=_default_jsfl(),
+                  help="the jsfl command (default: the one beside this Python, else on PATH)")
   ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
   args = ap.parse_args()
   args.clone = args.clone or CLONES[args.model]
+  if shutil.which(args.jsfl) is None:
+    ap.error(f"--jsfl {args.jsfl}: not an executable; allowed: a jsfl command "
+             "(install jsfl into this Python's environment, or pass its path)")
   if args.model == "multisfl" and args.cells == ap.get_default("cells"):
     args.cells = ["multisfl"]
   bad = [c for c in args.cells if c not in MODEL_CELLS[args.model]]
