@@ -51,6 +51,23 @@ def test_parse_median_of_last5_and_best_ma(tmp_path):
     assert run["final"]["best_ma10"] == pytest.approx(35.0)
 
 
+def test_parse_reference_csv_and_init(tmp_path):
+  parse = _load("parse")
+  logs = tmp_path / "logs"
+  logs.mkdir()
+  (logs / "init").write_text("torch\n")
+  for seed, last in enumerate((70.0, 80.0, 90.0)):
+    _authors_log(logs / f"MultiSFL_seed{seed}.jsonl", "MultiSFL", seed, [last] * 5, p=[0.01] * 5)
+    _authors_log(logs / f"SFL_seed{seed}.jsonl", "SFL", seed, [last - 10.0] * 5)
+  out, csv = tmp_path / "a.json", tmp_path / "a.csv"
+  assert parse.main([str(logs), "--out", str(out), "--csv", str(csv)]) == 0
+  assert json.loads(out.read_text())["init"] == "torch"
+  rows = [line for line in csv.read_text().splitlines() if not line.startswith("#")]
+  assert rows[0] == "method.name,method.replay,reference,reference_std"
+  # median over seeds 0-2 and the population std (sqrt(200 / 3))
+  assert rows[1:] == ["multisfl,adaptive,80.00,8.16", "splitfedv1,,70.00,8.16"]
+
+
 def test_curves_medians_and_unfinished_runs_left_out(tmp_path):
   pytest.importorskip("matplotlib")
   curves = _load("curves")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns the per-round logs of the authors' runs into JSON.
 
-Usage: python3 parse.py LOG_DIR [--out FILE] [--rounds N]
+Usage: python3 parse.py LOG_DIR [--out FILE] [--csv FILE] [--rounds N]
 
 Reads every ``*.jsonl`` in LOG_DIR (written by ``round_log.py`` inside the
 adapted clone, one file per run, see ``run.sh``) and prints (or writes to
@@ -10,7 +10,7 @@ FILE) one JSON object:
   {"runs": [{"method", "algorithm", "seed", "rounds": [{"round", "accuracy",
              "p" (MultiSFL), "wall_s", "samples", "helper_samples", ...}],
              "final": {...}}, ...],
-   "summary": {method: {...}}}
+   "summary": {method: {...}}, "init": "torch" | "he_lecun" | null}
 
 * ``method`` is jsfl's name for what the authors' algorithm computes:
   ``MultiSFL`` -> ``multisfl``, ``SFL`` (their Training_SFL.py: every client
@@ -34,6 +34,11 @@ FILE) one JSON object:
   machine moves it little); ``samples_per_cpu_s`` (samples / CPU seconds, in
   logs that have ``cpu_s``); ``mean_wall_s``; for MultiSFL ``mean_p``.
 * ``summary``: per method, the seeds' figures and their medians.
+* ``init``: the small CNN's initialisation the runs used (``run.sh`` writes
+  it to ``LOG_DIR/init``; null for a directory without that file).
+* ``--csv``: the reference CSV ``jsfl report --reference`` reads
+  (``method.name, method.replay, reference, reference_std``): per method the
+  median over seeds of ``median_last5`` and its population std.
 """
 
 from __future__ import annotations
@@ -104,10 +109,26 @@ def final_figures(run: dict) -> dict:
   return out
 
 
+REPLAY = {"multisfl": "adaptive"}  # their --MR 1 --DB 1: jsfl's method.replay
+
+
+def reference_csv(summary, init) -> str:
+  lines = ["# The authors' code (github.com/CodeFree-xzk/MultiSFL, authors_code/ here) run on the same setting"
+           + (f", small CNN initialisation {init!r}" if init else "") + ":",
+           "# per seed the median accuracy of the last 5 rounds, then the median (and population std) over",
+           "# seeds; seeds " + ", ".join(f"{m} {s['seeds']}" for m, s in sorted(summary.items())) + ".",
+           "method.name,method.replay,reference,reference_std"]
+  for m in sorted(summary, key=lambda m: (m != "multisfl", m)):
+    vals = summary[m]["median_last5"]
+    lines.append(f"{m},{REPLAY.get(m, '')},{statistics.median(vals):.2f},{statistics.pstdev(vals):.2f}")
+  return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("log_dir")
   ap.add_argument("--out", help="write the JSON here instead of stdout")
+  ap.add_argument("--csv", help="also write the reference CSV for jsfl report --reference")
   ap.add_argument("--rounds", type=int, default=0,
                   help="only runs with at least this many rounds enter the summary")
   a = ap.parse_args(argv)
@@ -133,12 +154,17 @@ def main(argv=None) -> int:
   for s in summary.values():
     for k in ("median_last5", "best_ma10", "samples_per_s", "mean_wall_s"):
       s[k + "_median"] = statistics.median(s[k])
-  text = json.dumps({"runs": runs, "summary": summary}, indent=1)
+  init_file = os.path.join(a.log_dir, "init")
+  init = open(init_file).read().strip() if os.path.exists(init_file) else None
+  text = json.dumps({"runs": runs, "summary": summary, "init": init}, indent=1)
   if a.out:
     with open(a.out, "w") as f:
       f.write(text + "\n")
   else:
     print(text)
+  if a.csv:
+    with open(a.csv, "w") as f:
+      f.write(reference_csv(summary, init))
   for m, s in summary.items():
     print(f"{m:11s} seeds {s['seeds']}: median of last 5 {s['median_last5_median']:.2f}, "
           f"best MA10 {s['best_ma10_median']:.2f}, {s['samples_per_s_median']:.0f} samples/s, "

@@ -13,6 +13,9 @@
 #        ROUNDS  rounds per run (50)       SEEDS   seeds ("0 1")
 #        LOCAL_EP local epochs (5)         ALGOS   ("MultiSFL SFL FL")
 #        THREADS torch threads (1)
+#        INIT    the small CNN's initialisation, torch (PyTorch's layer defaults,
+#                jsfl's default) or he_lecun (jsfl's model.init = "he_lecun");
+#                recorded in LOG_DIR/init, and a LOG_DIR holding the other is refused
 set -uo pipefail
 [[ $# -eq 1 ]] || { echo "usage: bash run.sh LOG_DIR" >&2; exit 2; }
 mkdir -p "$1"
@@ -21,6 +24,13 @@ clone=${CLONE:-/work/authors/MultiSFL}
 py=${PY:-/work/authors/venv/bin/python}
 rounds=${ROUNDS:-50}
 [[ -f "$clone/.jsfl_adapted" ]] || { echo "run.sh: $clone is not adapted (run adapt.py)" >&2; exit 2; }
+init=${INIT:-torch}
+case $init in torch|he_lecun) ;; *) echo "run.sh: INIT=$init is not one of torch, he_lecun" >&2; exit 2;; esac
+if [[ -s "$logs/init" && $(cat "$logs/init") != "$init" ]]; then
+  echo "run.sh: $logs holds runs with INIT=$(cat "$logs/init"), not $init (use another LOG_DIR)" >&2; exit 2
+fi
+echo "$init" > "$logs/init"
+export SMALL_CNN_INIT=$init
 export OMP_NUM_THREADS=${THREADS:-1} MKL_NUM_THREADS=${THREADS:-1} PYTHONUNBUFFERED=1
 
 # The setting: 100 users, 10 per round, their Dirichlet split (beta 0.1,
