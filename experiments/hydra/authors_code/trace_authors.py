@@ -3,9 +3,10 @@ jsfl's weights, batches and order (``trace_jsfl.py``'s file).
 
 Runs their script's ``main()`` in the adapted clone with four things swapped
 in from the trace: the models' initial weights (jsfl's, by path), each
-client's loader (its one batch of the trace; their index set for the client
-is checked to hold it), the cyclic order their code draws with
-``random.randint`` (jsfl's), and a hook on ``torch.optim.SGD.step`` that
+client's loader (its batches of the trace; their index set for the client
+is checked to hold them), the order their code draws with
+``random.randint`` (jsfl's: the cyclic order, or under ``random`` each
+step's pick in their job buffer), and a hook on ``torch.optim.SGD.step`` that
 records the server portion after each server step the trace lists.  The lr
 is float32's 0.05 (jsfl's), so the two sides start from the same numbers.
 ``--f64`` makes the models and the inputs float64.
@@ -90,8 +91,11 @@ def main(argv=None) -> None:
   rounds = int(trace["rounds"]) if args.rounds else 1
   if args.rounds and rounds < 1:
     sys.exit("trace_authors: the trace has no rounds (trace_jsfl.py --rounds R)")
+  policy = str(trace["policy"]) if "policy" in trace.files else "cyclic"
+  if policy == "random" and not args.rounds:
+    sys.exit("trace_authors: a random-order trace has whole rounds only: give --rounds")
   setting = [a for a in SETTING]
-  for flag, value in (("--training_lr", repr(float(np.float32(args.lr)))),
+  for flag, value in (("--policy", policy), ("--training_lr", repr(float(np.float32(args.lr)))),
                       ("--min_lr", repr(args.lr_min)), ("--epoch", str(rounds))):
     setting[setting.index(flag) + 1] = value
   models = {}
@@ -125,17 +129,21 @@ def main(argv=None) -> None:
 
   current = [0]  # the round (their loop makes a client's iterator twice a round)
 
-  class OneBatch:
-    """A client's loader: its batch of the trace in each round."""
+  class Batches:
+    """A client's loader: its batches of the trace in each round (one a
+    client, or with ``trace_jsfl.py --full`` all of the round's)."""
 
-    def __init__(self, batches):
-      self.batches = batches
+    def __init__(self, rounds_of_batches):
+      self.rounds = rounds_of_batches
+
+    def now(self):
+      return self.rounds[min(current[0], len(self.rounds) - 1)]
 
     def __len__(self):
-      return 1
+      return len(self.now())
 
     def __iter__(self):
-      yield self.batches[min(current[0], len(self.batches) - 1)]
+      yield from self.now()
 
   class Test:
     """Their evaluation reads ``loader.dataset`` and iterates batches."""
@@ -164,13 +172,19 @@ def main(argv=None) -> None:
     names = [f"_r{r}" for r in range(rounds)] if args.rounds else [""]
     for c in range(len(loaders)):
       held = set(int(i) for i in loaders[c].loader.dataset.index)
-      batches = []
+      per_round = []
       for name in names:
-        b = trace[f"idx{name}"][0, c][trace[f"mask{name}"][0, c]]
-        if not set(int(i) for i in b) <= held:
-          sys.exit(f"trace_authors: client {c}'s batch is not in their split")
-        batches.append((images(x[b], mean, std), torch.from_numpy(y[b].astype(np.int64))))
-      ours.append(OneBatch(batches))
+        idx, mask = trace[f"idx{name}"], trace[f"mask{name}"]
+        batches = []
+        for t in range(idx.shape[0]):  # the client's batch steps, in step order
+          b = idx[t, c][mask[t, c]]
+          if not b.size:
+            continue
+          if not set(int(i) for i in b) <= held:
+            sys.exit(f"trace_authors: client {c}'s batch is not in their split")
+          batches.append((images(x[b], mean, std), torch.from_numpy(y[b].astype(np.int64))))
+        per_round.append(batches)
+      ours.append(Batches(per_round))
     return ours, val, Test(images(xt, mean, std), torch.from_numpy(yt.astype(np.int64))), how
 
   get_data.get_data_partition = get_data_partition
@@ -178,13 +192,36 @@ def main(argv=None) -> None:
   order = [int(c) for c in trace["order"]]
 
   class Picks:
-    """``random`` for their script: ``randint`` gives jsfl's order."""
+    """``random`` for their script: ``randint`` gives jsfl's order.  Cyclic:
+    their artificial order is jsfl's.  Random: each server step's pick is
+    the place in their job buffer of the client jsfl served at that step
+    (``seq_r<r>``); the buffer is followed as their loop keeps it (the
+    clients in id order at the round's start, a served client's next job
+    appended at the end), and its size is checked against theirs."""
 
     def __init__(self):
       self.left = list(order)
+      self.buffer, self.seq, self.batches, self.round = [], [], None, -1
 
     def randint(self, a, b):
-      return self.left.pop(0)
+      if policy != "random":
+        return self.left.pop(0)
+      if not self.buffer:  # a new round
+        self.round += 1
+        mask = trace[f"mask_r{self.round}"]
+        self.batches = list(mask.any(axis=2).sum(axis=0))
+        self.buffer = [c for c in range(len(self.batches)) if self.batches[c]]
+        self.seq = [int(c) for c in trace[f"seq_r{self.round}"] if c >= 0]
+      if b != len(self.buffer) - 1:
+        sys.exit(f"trace_authors: their job buffer holds {b + 1} jobs, the trace's "
+                 f"{len(self.buffer)}")
+      c = self.seq.pop(0)
+      i = self.buffer.index(c)
+      del self.buffer[i]
+      self.batches[c] -= 1
+      if self.batches[c]:
+        self.buffer.append(c)
+      return i
 
     def __getattr__(self, name):
       return getattr(random, name)

@@ -12,10 +12,18 @@ taken ``k`` steps, for every ``k`` asked, and writes:
 * ``idx`` / ``mask`` / ``order``: every client's first batch (dataset indices
   into the 6k subset) and the server's order, for ``trace_authors.py``;
 * ``k<k>:<path>``: the server portion after its ``k``-th step;
-* with ``--rounds R``: ``idx_r<r>`` / ``mask_r<r>`` and ``r<r>:<path>``, R
-  whole rounds of one batch a client (every client, the part-1 average, the
-  next round from it, the decayed lr) and the whole model after each; with a
-  small ``--lr`` these are not chaotic, so they compare over rounds.
+* with ``--rounds R``: ``idx_r<r>`` / ``mask_r<r>``, ``seq_r<r>`` (the
+  server's serving sequence) and ``r<r>:<path>``, R whole rounds (every
+  client, the part-1 average, the next round from it, the decayed lr) and
+  the whole model after each; a round keeps its first ``--batches`` batch
+  steps (default 1, one batch a client; 0: all); with a small ``--lr`` these
+  are not chaotic, so they compare over rounds;
+* ``policy``: ``--order`` (cyclic; ``random`` traces whole rounds only, the
+  authors' side replaying ``seq_r<r>`` through their job buffer).
+
+``--perturb EPS`` starts the same run from every weight scaled by 1 + EPS:
+compared with the unperturbed trace it shows how far a rounding-sized
+difference carries (``trace.sh``, part 3).
 
 ``--x64`` computes in float64 (the model, the inputs, the steps); jax then
 draws the batches from its 64-bit generator, so a float32 trace takes the
@@ -49,7 +57,17 @@ def main(argv=None) -> None:
                        "next round's start and lr), recording the model after each")
   ap.add_argument("--lr", type=float, help="optim.lr (a small one tames the chaos)")
   ap.add_argument("--lr-min", type=float, help="optim.lr_min")
+  ap.add_argument("--order", choices=("cyclic", "random"), default="cyclic",
+                  help="SFL's processing order; random traces whole rounds only "
+                       "(give --rounds), recording each round's serving sequence")
+  ap.add_argument("--batches", type=int, default=1,
+                  help="batch steps of each round the trace keeps (0: all of them)")
+  ap.add_argument("--perturb", type=float, default=0.0,
+                  help="scale every initial weight by 1 + PERTURB (how far a rounding-sized "
+                       "difference carries: compare with the unperturbed trace)")
   args = ap.parse_args(argv)
+  if args.order == "random" and not args.rounds:
+    sys.exit("trace_jsfl: --order random traces whole rounds: give --rounds R")
   if args.x64 == bool(args.like):
     sys.exit("trace_jsfl: give --x64 or --like X64_TRACE (one of them)")
   if args.x64:
@@ -61,14 +79,14 @@ def main(argv=None) -> None:
   import jsfl.core.data as core_data
   import jsfl.train.evaluate as evaluate_lib
   from jsfl.config import load_config
-  from jsfl.engine import split
+  from jsfl.engine import schedule, split
   from jsfl.methods import sfl
   from jsfl.train.experiment import prepare
   from jsfl.train.programs import round_data, split_data
 
   root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
   cfg = load_config(os.path.join(root, "experiments/hydra/fmnist_mobilenet.toml"),
-                    ["method.name=sfl", "method.order=cyclic", "run.seeds=1"]
+                    ["method.name=sfl", f"method.order={args.order}", "run.seeds=1"]
                     + ([f"optim.lr={args.lr}"] if args.lr else [])
                     + ([f"optim.lr_min={args.lr_min}"] if args.lr_min else []))
   exp = prepare(cfg)
@@ -93,6 +111,9 @@ def main(argv=None) -> None:
                         part1_stats=fill(state.part1_stats, 0, dtype),
                         part2=fill(state.part2, c, dtype),
                         part2_stats=fill(state.part2_stats, c, dtype))
+  if args.perturb:  # the same round from a start a rounding-sized step away
+    grow = lambda t: jax.tree.map(lambda v: v * (1 + args.perturb), t)
+    state = state.replace(part1=grow(state.part1), part2=grow(state.part2))
   loss = split.cross_entropy
   if args.x64:
     def normalize64(x, mean, std):  # jsfl's formula, in float64
@@ -111,13 +132,28 @@ def main(argv=None) -> None:
   def round_with(state, live, r, given):
     def plan(*a):
       p = split.plan_round(*a)
-      idx, mask = (p.idx[:1], p.mask[:1]) if given is None else given  # first batches
+      if given is not None:
+        idx, mask = given
+      else:  # the round's first batch steps (or all of them)
+        keep = args.batches or p.idx.shape[0]
+        idx, mask = p.idx[:keep], p.mask[:keep]
       return p._replace(idx=idx, mask=mask & live[None, :, None])
 
     alg = dataclasses.replace(sfl.algorithm(setup, state, loss), plan=plan)
     out = split.run_round(alg, setup, state, data, jax.random.fold_in(key, r),
                           label_rank=state.label_rank)
-    return sfl.finish(state, out)[0], out.server, out.plan.idx, out.plan.mask, out.orders
+    # the serving sequence, for the authors' side; segments() of it must give
+    # the engine's own serving orders (checked below)
+    live = jnp.any(out.plan.mask, axis=2)
+    n = live.shape[1]
+    first = (jnp.arange(n, dtype=jnp.int32) if setup.order == "random" else
+             schedule.processing_orders("cyclic", out.plan.order_key, 1, out.plan.clients,
+                                        data.dominant, state.label_rank)[0])
+    seq = schedule.queue_sequence(setup.order, out.plan.order_key, live.sum(0), first,
+                                  setup.batches_per_turn, live.shape[0] * n)
+    same = jnp.all(schedule.segments(seq, live).order == out.orders)
+    return (sfl.finish(state, out)[0], out.server, out.plan.idx, out.plan.mask, out.orders,
+            seq, same)
 
   def given_of(name):
     return None if like is None else (jnp.asarray(like[f"idx{name}"]),
@@ -134,10 +170,10 @@ def main(argv=None) -> None:
 
   record("init:", 0, state.part1, state.part1_stats)
   record("init:", c, state.part2, state.part2_stats)
-  ks = [int(k) for k in args.steps.split(",")]
+  ks = [int(k) for k in args.steps.split(",")] if args.order == "cyclic" else []
   everyone = jnp.ones(setup.clients_per_round, bool)
-  _, _, idx, mask, served = run(state, everyone, 0, given_of(""))
-  if not (np.asarray(served)[0] == order).all():
+  _, _, idx, mask, served, *_ = run(state, everyone, 0, given_of(""))
+  if args.order == "cyclic" and not (np.asarray(served)[0] == order).all():
     sys.exit(f"trace_jsfl: the engine served {np.asarray(served)[0]}, expected {order}")
   dump.update(idx=np.asarray(idx), mask=np.asarray(mask), order=order)
   for k in ks:
@@ -146,9 +182,13 @@ def main(argv=None) -> None:
     record(f"k{k}:", c, server.params, server.stats)
   dump["steps"] = np.asarray(ks)
   dump["rounds"] = np.asarray(args.rounds)
+  dump["policy"] = np.asarray(args.order)
   for r in range(args.rounds):
-    state, _, idx, mask, _ = run(state, everyone, r, given_of(f"_r{r}"))
-    dump.update({f"idx_r{r}": np.asarray(idx), f"mask_r{r}": np.asarray(mask)})
+    state, _, idx, mask, _, seq, same = run(state, everyone, r, given_of(f"_r{r}"))
+    if not bool(same):
+      sys.exit(f"trace_jsfl: round {r}'s serving sequence is not the engine's")
+    dump.update({f"idx_r{r}": np.asarray(idx), f"mask_r{r}": np.asarray(mask),
+                 f"seq_r{r}": np.asarray(seq)})
     record(f"r{r}:", 0, *sfl.output_model(setup, state))
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   np.savez(args.out, **dump)
