@@ -177,9 +177,25 @@ def round_schedule(setup, key, mask, clients, dominant, rank) -> Schedule:
   if setup.order_rule != "authors":
     raise ValueError(f"order_rule={setup.order_rule!r}; allowed: {RULES}")
   live = jnp.any(mask, axis=2)
+  return segments(authors_sequence(setup, key, live, clients, dominant, rank), live)
+
+
+def authors_sequence(setup, key, live, clients, dominant, rank):
+  """The round's serving sequence under ``order_rule = "authors"``
+  (:func:`queue_sequence` from the round's starting queue).
+
+  Args:
+    setup: ``order`` and ``batches_per_turn``.
+    key: the round's order key.
+    live: ``(T, n)`` whether participant c has a batch at step t.
+    clients, dominant, rank: as :func:`round_schedule`.
+
+  Returns:
+    ``(T * n,)`` participant positions, -1 after the last batch.
+  """
+  num_steps, n = live.shape
   cyclic = "cyclic" if setup.order in ("cyclic", "cyclic_reverse") else "fixed"
   first = (processing_orders(cyclic, key, 1, clients, dominant, rank)[0]
            if setup.order != "random" else jnp.arange(n, dtype=jnp.int32))
-  seq = queue_sequence(setup.order, key, live.sum(0), first, setup.batches_per_turn,
-                       num_steps * n)
-  return segments(seq, live)
+  return queue_sequence(setup.order, key, live.sum(0), first, setup.batches_per_turn,
+                        num_steps * n)

@@ -130,8 +130,8 @@ def main(argv=None) -> None:
   current = [0]  # the round (their loop makes a client's iterator twice a round)
 
   class Batches:
-    """A client's loader: its batches of the trace in each round (one a
-    client, or with ``trace_jsfl.py --full`` all of the round's)."""
+    """A client's loader: its batches of the trace in each round (as many
+    as ``trace_jsfl.py --batches`` kept)."""
 
     def __init__(self, rounds_of_batches):
       self.rounds = rounds_of_batches

@@ -145,12 +145,8 @@ def main(argv=None) -> None:
     # the serving sequence, for the authors' side; segments() of it must give
     # the engine's own serving orders (checked below)
     live = jnp.any(out.plan.mask, axis=2)
-    n = live.shape[1]
-    first = (jnp.arange(n, dtype=jnp.int32) if setup.order == "random" else
-             schedule.processing_orders("cyclic", out.plan.order_key, 1, out.plan.clients,
-                                        data.dominant, state.label_rank)[0])
-    seq = schedule.queue_sequence(setup.order, out.plan.order_key, live.sum(0), first,
-                                  setup.batches_per_turn, live.shape[0] * n)
+    seq = schedule.authors_sequence(setup, out.plan.order_key, live, out.plan.clients,
+                                    data.dominant, state.label_rank)
     same = jnp.all(schedule.segments(seq, live).order == out.orders)
     return (sfl.finish(state, out)[0], out.server, out.plan.idx, out.plan.mask, out.orders,
             seq, same)
