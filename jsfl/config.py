@@ -171,6 +171,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         "measured default of the backend "
                         "(jsfl.train.programs.default_seed_exec)",
                         ("auto", "vmap", "map")),
+        "client_pass": _f(str, "auto", "where a sequential server's participants run "
+                          "part-1 (SFL, Hydra and their variants): per_visit = forward, "
+                          "backward and step inside the server's visit of each, one "
+                          "participant's activations live at a time; batched = every "
+                          "participant's forward side by side before the visits, all "
+                          "their activations live through the segment; the same values; "
+                          "auto = per_visit (jsfl.train.programs.default_client_pass)",
+                          ("auto", "per_visit", "batched")),
         "server_unroll": _f(int, 1, "unroll factor of the server lax.scan",
                             range="[1, 1024]"),
         "mesh": _f(str, "auto", "device mesh 'seeds=S,clients=C' (jsfl.core.sharding); "

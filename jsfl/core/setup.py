@@ -21,6 +21,11 @@ from jsfl.models.base import StagedModel
 from jsfl.options import NoOptions, options_of
 
 
+# Where a sequential server's participants run part-1 (exec.client_pass):
+# inside the server's visit of each, or side by side before the visits.
+CLIENT_PASSES = ("per_visit", "batched")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Setup:
   """A run's config values (see the module docstring for the batchable ones)."""
@@ -43,6 +48,7 @@ class Setup:
   momentum: float = 0.0
   weight_decay: float = 0.0
   client_exec: str = "vmap"
+  client_pass: str = "per_visit"  # CLIENT_PASSES
   server_unroll: int = 1
   options: Any = NoOptions()  # the method's option set (jsfl.options.option_set)
 

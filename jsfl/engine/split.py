@@ -293,6 +293,8 @@ def segment_step(setup, tx, clients: Portion, server, step: Step, order, rule):
   """
   if isinstance(rule, PerClientServer):
     return per_client_segment(setup, tx, clients, server, step, rule)
+  if isinstance(rule, SequentialServer) and setup.client_pass == "per_visit":
+    return visit_segment(setup, tx, clients, server, step, order, rule)
   has = jnp.any(step.mask, axis=1)
 
   def part1(pp, s, xx, m):
@@ -317,6 +319,42 @@ def segment_step(setup, tx, clients: Portion, server, step: Step, order, rule):
   (g1,) = vjp_fn(g_acts)
   clients = jax.vmap(lambda c, g, s, a: c.step(tx, g, s, a))(clients, g1, new_stats, has)
   return clients, server, lsum
+
+
+def visit_segment(setup, tx, clients: Portion, server, step: Step, order,
+                  rule: SequentialServer):
+  """A :class:`SequentialServer` segment with every participant's part-1
+  forward, backward and step inside the server's visit of it
+  (``exec.client_pass = "per_visit"``).
+
+  The values are those of the batched form (a participant's part-1 reads
+  only its own portion, which no other visit changes), but one
+  participant's part-1 activations are live at a time instead of every
+  participant's through the whole segment: the peak memory of a segment no
+  longer grows with the participants, and with seeds batched each kernel
+  still sees seeds x batch samples.
+
+  Returns:
+    ``(clients, server, loss_sum)``.
+  """
+  def visit(carry, k):
+    stack, srv = carry
+    client = jax.tree.map(lambda a: a[k], stack)
+    x, y, mask = step.x[k], step.y[k], step.mask[k]
+
+    def run():
+      act, vjp_fn, ns = client_forward(setup, client, x, mask)
+      new_srv, g_a, lsum = rule.step(srv, act, y, mask, k)
+      (g1,) = vjp_fn(g_a)
+      return client.step(tx, g1, ns, jnp.any(mask)), new_srv, lsum
+
+    client, srv, lsum = lax.cond(jnp.any(mask), run,
+                                 lambda: (client, srv, jnp.zeros((), jnp.float32)))
+    stack = jax.tree.map(lambda a, v: a.at[k].set(v), stack, client)
+    return (stack, srv), lsum
+
+  (clients, server), lsums = lax.scan(visit, (clients, server), order, unroll=rule.unroll)
+  return clients, server, jnp.sum(lsums)
 
 
 def serve_in_order(rule: SequentialServer, server, acts, y, mask, order):

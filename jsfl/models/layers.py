@@ -6,8 +6,11 @@ grouped convolution) runs 10-40x slower than the same convolution outside the
 loop (measured in ``benchmarks/results/``).  The
 same convolution written as im2col + matmul (``conv_impl="im2col"``) is as
 fast rolled as unrolled and vmaps at parity with a Python loop, which lets a
-whole round stay one jitted program of rolled scans and vmaps on CPU.  On GPU
-``"xla"`` (cuDNN) is the default.  Depthwise 3x3 convolutions likewise have a
+whole round stay one jitted program of rolled scans and vmaps on CPU.  On a
+GPU the seed axis has the same effect: vmapped over per-seed weights a
+convolution is feature-grouped, and cuDNN runs its gradients as forward
+convolutions; im2col turns every one into a batched matmul (cuBLAS), so it is
+the GPU's default too (:data:`MATMUL_BACKENDS`).  Depthwise 3x3 convolutions likewise have a
 ``"shifts"`` lowering (nine shifted multiply-adds) next to ``"grouped"``
 (``feature_group_count``).
 
@@ -49,10 +52,22 @@ PADDINGS = ("SAME", "VALID", "TORCH")
 PADDING_MODES = ("torch", "same")
 
 
+# The backends whose measured-fastest training lowerings are im2col and
+# shifts.  XLA:CPU: a lax.conv in a rolled loop or over stacked weights is
+# 10-40x slower.  XLA:GPU: under the seed vmap a dense convolution becomes a
+# feature-grouped one whose weight and input gradients cuDNN runs as forward
+# convolutions (the filter the size of the activation map), and at one seed
+# the batch-64 steps are launch-bound; an H200 ran a MobileNetV1 server visit
+# 2.2x faster at one seed and 2.3x at 16 in im2col + shifts, a ResNet-18
+# visit at 8 seeds 3.7x (benchmarks/results/gpu-h200-20261127/).
+MATMUL_BACKENDS = ("cpu", "gpu", "cuda", "rocm")
+
+
 def default_conv_impl(backend: str | None = None) -> str:
-  """The measured-fastest dense-conv lowering for ``backend`` (cpu -> im2col)."""
+  """The measured-fastest dense-conv lowering for ``backend``: im2col on the
+  CPU and GPUs (:data:`MATMUL_BACKENDS`), XLA's convolution elsewhere."""
   backend = backend or jax.default_backend()
-  return "im2col" if backend == "cpu" else "xla"
+  return "im2col" if backend in MATMUL_BACKENDS else "xla"
 
 
 EVAL_CONV_IMPLS = ("auto", "same") + CONV_IMPLS
@@ -85,9 +100,10 @@ def inference_conv_impl(impl: str, kernel_shape, choice: str = "auto",
 
 
 def default_depthwise_impl(backend: str | None = None) -> str:
-  """The measured-fastest depthwise lowering for ``backend`` (cpu -> shifts)."""
+  """The measured-fastest depthwise lowering for ``backend``: shifts on the
+  CPU and GPUs (:data:`MATMUL_BACKENDS`), grouped elsewhere."""
   backend = backend or jax.default_backend()
-  return "shifts" if backend == "cpu" else "grouped"
+  return "shifts" if backend in MATMUL_BACKENDS else "grouped"
 
 
 def _same_pads(size: int, k: int, s: int) -> tuple[int, int, int]:
@@ -159,10 +175,44 @@ def conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
   if kh == kw == 1 and padding in PADDINGS:  # no 1x1 convention pads
     xs = x[:, ::stride, ::stride, :]
     return jnp.einsum("bhwc,co->bhwo", xs, kernel[0, 0])
+  return _conv_im2col(x, kernel, stride, padding)
+
+
+def _cols(x, kh, kw, stride, padding):
+  """The patch matrix ``(B * H' * W', kh * kw * Cin)`` and the output size."""
   taps, oh, ow = _patches(x, kh, kw, stride, padding)
-  cols = jnp.concatenate(taps, axis=-1)
-  out = cols.reshape(-1, kh * kw * cin) @ kernel.reshape(kh * kw * cin, cout)
+  return jnp.concatenate(taps, axis=-1).reshape(-1, kh * kw * x.shape[-1]), oh, ow
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv_im2col(x, kernel, stride, padding):
+  """A spatial convolution as one matmul of the input's patches.
+
+  Its own VJP keeps only the input for the backward pass: autodiff would
+  keep the patch matrix, ``kh * kw`` times the input (a ResNet-18 server
+  visit of 8 seeds on an H200: 4.5 GB of temporaries against 3.1 GB for
+  XLA's convolution); the backward builds the patches again, once."""
+  kh, kw, cin, cout = kernel.shape
+  cols, oh, ow = _cols(x, kh, kw, stride, padding)
+  out = cols @ kernel.reshape(kh * kw * cin, cout)
   return out.reshape(x.shape[0], oh, ow, cout)
+
+
+def _conv_im2col_fwd(x, kernel, stride, padding):
+  return _conv_im2col(x, kernel, stride, padding), (x, kernel)
+
+
+def _conv_im2col_bwd(stride, padding, res, ct):
+  x, kernel = res
+  kh, kw, cin, cout = kernel.shape
+  cols, vjp = jax.vjp(lambda xx: _cols(xx, kh, kw, stride, padding)[0], x)
+  ct2 = ct.reshape(-1, cout)
+  d_kernel = (cols.T @ ct2).reshape(kernel.shape)
+  (d_x,) = vjp(ct2 @ kernel.reshape(kh * kw * cin, cout).T)
+  return d_x, d_kernel
+
+
+_conv_im2col.defvjp(_conv_im2col_fwd, _conv_im2col_bwd)
 
 
 def depthwise_conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",

@@ -22,7 +22,7 @@ from jsfl.models import get_model, layers
 from jsfl.models.base import model_factory
 from jsfl.partitions import dominant_labels, index_table, label_counts, make_partition
 from jsfl.train import compile_cache
-from jsfl.train.programs import default_client_exec
+from jsfl.train.programs import default_client_exec, default_client_pass
 
 
 @dataclasses.dataclass
@@ -206,6 +206,8 @@ def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
       weight_decay=o_cfg["weight_decay"],
       client_exec=(default_client_exec(n) if x_cfg["client_exec"] == "auto"
                    else x_cfg["client_exec"]),
+      client_pass=(default_client_pass() if x_cfg["client_pass"] == "auto"
+                   else x_cfg["client_pass"]),
       server_unroll=x_cfg["server_unroll"],
       options=get_method(me_cfg["name"]).options(**method_opts))
 
