@@ -94,8 +94,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                       "Perfetto); [] = off", range="[1, inf)", item=int),
     },
     "dataset": {
-        "name": _f(str, "fashion_mnist", "dataset",
-                   ("fashion_mnist", "mnist", "cifar10", "cifar100", "svhn", "synthetic")),
+        "name": _f(str, "fashion_mnist", "dataset; the files each reads, and the option "
+                   "path naming them: docs/setting.md#datasets",
+                   ("fashion_mnist", "mnist", "cifar10", "cifar100", "svhn", "tiny_imagenet",
+                    "cinic10", "femnist", "ham10000", "synthetic")),
         "data_dir": _f(str, "", "directory holding the dataset files (optional)"),
         "download": _f(bool, True, "allow downloading into the cache dir when online"),
     },

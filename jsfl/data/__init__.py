@@ -11,8 +11,12 @@ Sources (see the submodules for the resolution order of each):
 * ``fashion_mnist``, ``mnist``: IDX files (:mod:`jsfl.data.idx`): explicit
   ``data_dir``, then ``/usr/share/datasets/<debian name>`` (Debian's
   ``dataset-fashion-mnist``), then the cache dir, then a download.
-* ``cifar10``, ``cifar100``, ``svhn``: a prepared ``<name>.npz`` or
-  tensorflow-datasets (:mod:`jsfl.data.tfds_source`, the ``tfds`` extra).
+* ``cifar10``, ``cifar100``, ``svhn``, ``tiny_imagenet``, ``cinic10``,
+  ``femnist``, ``ham10000``: the files their publishers distribute, decoded
+  once into a memory-mapped cache (:mod:`jsfl.data.files`; the option
+  ``path`` names them).  CIFAR and SVHN also load from a prepared
+  ``<name>.npz`` or tensorflow-datasets (:mod:`jsfl.data.tfds_source`, the
+  ``tfds`` extra) where the publisher's files are not found.
 * ``synthetic``: generated (:mod:`jsfl.data.synthetic`), any shape.
 """
 
@@ -24,20 +28,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jsfl.data.files import FILE_SOURCES, load_file_dataset
 from jsfl.data.idx import IDX_SOURCES, BadDataFile, DatasetNotFound, load_idx_dataset
 from jsfl.data.synthetic import make_synthetic
-from jsfl.data.tfds_source import TFDS_SOURCES, load_tfds_dataset
 
 DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "svhn",
-            "synthetic")
+            "tiny_imagenet", "cinic10", "femnist", "ham10000", "synthetic")
 
 # Dataset -> the keyword options load_dataset accepts for it.
 DATASET_OPTIONS = {
     "fashion_mnist": (),
     "mnist": (),
-    "cifar10": (),
-    "cifar100": ("label_mode",),
-    "svhn": (),
+    **{name: (*src.options, "path") for name, src in FILE_SOURCES.items()},
     "synthetic": ("input_shape", "num_classes", "train_size", "test_size",
                   "seed", "noise"),
 }
@@ -190,11 +192,16 @@ def load_dataset(name: str, *, data_dir=None, cache_dir=None,
     download: whether a dataset found nowhere may be downloaded into the
       cache.
     **options: dataset-specific options, see :data:`DATASET_OPTIONS`:
-      ``cifar100``: ``label_mode`` in {"fine", "coarse"} (coarse = the 20
-      superclasses); ``synthetic``: ``input_shape``, ``num_classes``,
-      ``train_size``, ``test_size``, ``seed``, ``noise`` (see
-      :func:`jsfl.data.synthetic.make_synthetic`; ``data_dir``, ``cache_dir``
-      and ``download`` are ignored for it).  Every dataset takes
+      ``path`` (every dataset of :data:`jsfl.data.files.FILE_SOURCES`): the
+      publisher's archive, file or directory, or the directory holding it
+      (docs/setting.md#datasets); ``cifar100``: ``label_mode`` in {"fine",
+      "coarse"} (coarse = the 20 superclasses); ``svhn``: ``extra`` (add
+      ``extra_32x32.mat`` to the training set); ``cinic10``: ``with_valid``
+      (add ``valid/`` to the training set); ``ham10000``: ``image_size``
+      (default 64) and ``test_fraction`` (default 0.1); ``synthetic``:
+      ``input_shape``, ``num_classes``, ``train_size``, ``test_size``,
+      ``seed``, ``noise`` (see :func:`jsfl.data.synthetic.make_synthetic`;
+      ``data_dir``, ``cache_dir`` and ``download`` are ignored for it).  Every dataset takes
       ``train_subset``: keep this many training samples, drawn per label in
       proportion (fixed seed 0, so every seed of a run sees the same set);
       for CPU-sized experiments.  The test set is never subsampled.
@@ -228,8 +235,8 @@ def load_dataset(name: str, *, data_dir=None, cache_dir=None,
     arrays = load_idx_dataset(name, data_dir=data_dir, cache_dir=cache_dir,
                               download=download)
     num_classes = IDX_SOURCES[name].num_classes
-  elif name in TFDS_SOURCES:
-    arrays, num_classes = load_tfds_dataset(
+  elif name in FILE_SOURCES:
+    arrays, num_classes = load_file_dataset(
         name, data_dir=data_dir, cache_dir=cache_dir, download=download,
         **options)
   else:
