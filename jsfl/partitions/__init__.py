@@ -15,7 +15,9 @@ each sorted ascending).  Methods and their options, with defaults:
 * ``labelwise(p=0.8)``: p%-DL as the Hydra authors' code draws it (client
   ``l mod K`` dominant in label l, shares rounded per label, a few samples
   unheld), reproducing their index sets exactly.
-* ``natural``: the dataset's own client ids (pass ``client_ids``).
+* ``natural(group=False)``: the dataset's own client ids (pass
+  ``client_ids``); with ``group`` and fewer clients than ids, each client
+  holds a group of ids.
 
 All randomness comes from ``np.random.default_rng(seed)`` (``labelwise``:
 Python's ``random.Random(seed)``, as the code it reproduces), so a (method,
@@ -62,7 +64,7 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
     },
     "exdir": {"classes_per_client": (int, 2), "alpha": (float, 0.5)},
     "labelwise": {"p": (float, 0.8)},
-    "natural": {},
+    "natural": {"group": (bool, False)},
 }
 
 
@@ -172,7 +174,7 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
   if name == "iid":
     return _iid.iid(labels, num_clients, rng)
   if name == "natural":
-    return _natural.natural(labels, num_clients, rng, client_ids=client_ids)
+    return _natural.natural(labels, num_clients, rng, client_ids=client_ids, **opts)
   method = {"dirichlet": _dirichlet.dirichlet,
             "dominant_label": _dominant_label.dominant_label,
             "sharding": _dominant_label.sharding,
