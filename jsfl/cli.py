@@ -84,6 +84,10 @@ PARTITION_HELP = """\
 Partition a dataset and print per-client label counts (optionally save JSON).
 
   jsfl partition fashion_mnist dominant_label --clients 10 p=0.8
+  jsfl partition femnist natural dataset.path=DIR --clients 50 group=true
+
+Options named dataset.KEY go to the dataset (dataset.path, dataset.label_mode,
+...: docs/setting.md#datasets), the others to the partition.
 """
 
 
@@ -118,7 +122,8 @@ def _parser() -> argparse.ArgumentParser:
   q.add_argument("name", help="partition family: iid, dirichlet, dominant_label, "
                  "sharding, exdir, labelwise, natural")
   q.add_argument("options", nargs="*", metavar="key=value",
-                 help="partition options, e.g. alpha=0.1 or p=0.8 phi=1")
+                 help="partition options, e.g. alpha=0.1 or p=0.8 phi=1; dataset.KEY=VALUE "
+                 "are dataset options, e.g. dataset.path=DIR")
   q.add_argument("--clients", type=int, default=10, help="number of clients K")
   q.add_argument("--seed", type=int, default=0, help="partition seed")
   q.add_argument("--data-dir", default=None, help="dataset directory")
@@ -262,6 +267,12 @@ def _parse_kv(items):
   return opts
 
 
+def _split_dataset_kv(items):
+  """``dataset.KEY=VALUE`` items (dataset options), then the others."""
+  data = [it.removeprefix("dataset.") for it in items if it.startswith("dataset.")]
+  return data, [it for it in items if not it.startswith("dataset.")]
+
+
 def cmd_partition(args) -> int:
   import numpy as np
 
@@ -273,8 +284,9 @@ def cmd_partition(args) -> int:
   if args.clients < 1:
     return _fail(f"--clients={args.clients}; allowed: an int >= 1")
   try:
-    opts = _parse_kv(args.options)
-    ds = load_dataset(args.dataset, data_dir=args.data_dir)
+    data_items, part_items = _split_dataset_kv(args.options)
+    data_opts, opts = _parse_kv(data_items), _parse_kv(part_items)
+    ds = load_dataset(args.dataset, data_dir=args.data_dir, **data_opts)
     parts = partitions.make_partition(args.name, ds.y_train, args.clients,
                                       seed=args.seed, num_classes=ds.num_classes,
                                       client_ids=ds.client_ids, **opts)
@@ -291,6 +303,7 @@ def cmd_partition(args) -> int:
     from jsfl.rundir import write_json_atomic
     write_json_atomic(args.out, {"dataset": args.dataset, "partition": args.name,
                                  "options": opts, "seed": args.seed,
+                                 **({"dataset_options": data_opts} if data_opts else {}),
                                  "label_counts": counts, "sizes": counts.sum(1)})
     print(f"saved {args.out}")
   return 0
