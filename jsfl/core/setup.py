@@ -20,7 +20,6 @@ from typing import Any
 from jsfl.models.base import StagedModel
 from jsfl.options import NoOptions, options_of
 
-
 # Where a sequential server's participants run part-1 (exec.client_pass):
 # inside the server's visit of each, or side by side before the visits.
 CLIENT_PASSES = ("per_visit", "batched")

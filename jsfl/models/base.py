@@ -59,6 +59,12 @@ class StagedModel:
       ``kernel // 2`` on every side as the PyTorch models the papers ran
       (another function from XLA's SAME at stride 2 on an even size);
       ``"same"`` keeps XLA's SAME.  The parameters are the same either way.
+    precision: the compute type of training forwards and their backward
+      (:data:`PRECISIONS`): ``"bfloat16"`` runs every stage's matmuls and
+      activations in bfloat16 from float32 parameters (a copy cast per
+      call), keeps BatchNorm's statistics and the returned logits in
+      float32, and leaves parameters, statistics, optimiser state and loss
+      float32; evaluation forwards stay float32.
   """
 
   name: str
@@ -72,6 +78,7 @@ class StagedModel:
   init_scheme: str = "he_lecun"
   eval_conv_impl: str = "same"
   padding: str = "same"
+  precision: str = "float32"
   # Set once in __post_init__ (the dataclass is frozen): one graph definition
   # and one abstract (params, stats) pair per stage, and the graph
   # definitions of evaluation forwards.
@@ -164,21 +171,39 @@ class StagedModel:
     if inference and train:
       raise ValueError("apply: inference=True needs train=False")
     graphdefs = self._inference_graphdefs if inference else self._graphdefs
+    low = train and self.precision != "float32"
+    if low:
+      x = _cast(x, self.precision)
     new_stats = []
     for i, (p, b) in enumerate(zip(params, stats, strict=True)):
       g = graphdefs[start + i]
-      module = nnx.merge(g, p, b)
+      module = nnx.merge(g, _cast(p, self.precision) if low else p, b)
       x = module(x, train=train, mask=mask)
       if train and jax.tree.leaves(b):
         _, nb = nnx.split(module, nnx.BatchStat, ...)[:2]
-        new_stats.append(nnx.to_pure_dict(nb))
+        # statistics keep their own type whatever the compute type
+        new_stats.append(jax.tree.map(lambda n, o: n.astype(o.dtype),
+                                      nnx.to_pure_dict(nb), b))
       else:
         new_stats.append(b)
+    if low and start + len(params) == self.num_stages:  # logits, for a float32 loss
+      x = x.astype(jnp.float32)
     return x, tuple(new_stats)
 
   def logits(self, params: Params, stats: Stats, x: jax.Array) -> jax.Array:
     """Eval-mode forward of the whole model, in its evaluation lowerings."""
     return self.apply(params, stats, x, train=False, inference=True)[0]
+
+
+PRECISIONS = ("float32", "bfloat16")
+
+
+def _cast(tree, precision: str):
+  """The floating leaves of ``tree`` in ``precision`` (integers, masks and
+  keys unchanged)."""
+  dtype = jnp.dtype(precision)
+  return jax.tree.map(lambda a: a.astype(dtype)
+                      if jnp.issubdtype(jnp.result_type(a), jnp.floating) else a, tree)
 
 
 class InputTooSmall(ValueError):
@@ -233,12 +258,13 @@ def model_factory(name: str) -> Callable[..., StagedModel]:
 
 def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
               eval_conv_impl: str = "auto", padding: str = "torch",
-              **options: Any) -> StagedModel:
+              precision: str = "float32", **options: Any) -> StagedModel:
   """Builds a registered model initialised by ``init``
   (:data:`jsfl.models.inits.INITS`), evaluated in ``eval_conv_impl``
   (:func:`jsfl.models.layers.inference_conv_impl`), its SAME layers padded
-  by the ``padding`` convention (:attr:`StagedModel.padding`); unknown names
-  give a clear ValueError, as does an input too small for it."""
+  by the ``padding`` convention (:attr:`StagedModel.padding`), trained in
+  ``precision`` (:attr:`StagedModel.precision`); unknown names give a clear
+  ValueError, as does an input too small for it."""
   if name not in _REGISTRY:
     raise ValueError(f"model={name!r}; allowed: {', '.join(model_names())}")
   from jsfl.models.inits import INITS
@@ -251,9 +277,12 @@ def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
   from jsfl.models.layers import PADDING_MODES
   if padding not in PADDING_MODES:
     raise ValueError(f"padding={padding!r}; allowed: {', '.join(PADDING_MODES)}")
+  if precision not in PRECISIONS:
+    raise ValueError(f"precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
   try:
     return _cached(name, tuple(input_shape), int(num_classes),
-                   tuple(sorted(options.items())), init, eval_conv_impl, padding)
+                   tuple(sorted(options.items())), init, eval_conv_impl, padding,
+                   precision)
   except InputTooSmall as e:
     # The net for models without their own check_input_size.
     raise ValueError(f"{name}: input_shape={tuple(input_shape)!r} is too small "
@@ -263,12 +292,14 @@ def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
 _CACHE: dict = {}
 
 
-def _cached(name, input_shape, num_classes, options, init, eval_conv_impl, padding):
-  key = (name, input_shape, num_classes, options, init, eval_conv_impl, padding)
+def _cached(name, input_shape, num_classes, options, init, eval_conv_impl, padding,
+            precision):
+  key = (name, input_shape, num_classes, options, init, eval_conv_impl, padding, precision)
   if key not in _CACHE:
     model = _REGISTRY[name](input_shape, num_classes, **dict(options))
     _CACHE[key] = dataclasses.replace(model, init_scheme=init,
-                                      eval_conv_impl=eval_conv_impl, padding=padding)
+                                      eval_conv_impl=eval_conv_impl, padding=padding,
+                                      precision=precision)
   return _CACHE[key]
 
 

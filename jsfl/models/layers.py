@@ -271,7 +271,8 @@ def _depthwise_shifts_bwd(stride, padding, res, ct):
   ones = jnp.ones((x.shape[0] * oh * ow,), ct.dtype)
   # HIGHEST keeps the sum in float32 where a backend would round matmul inputs
   d_kernel = jnp.stack([jnp.dot(ones, (tap * ct).reshape(-1, ct.shape[-1]),
-                                precision=lax.Precision.HIGHEST) for tap in taps])
+                                precision=lax.Precision.HIGHEST,
+                                preferred_element_type=jnp.float32) for tap in taps])
   d_kernel = d_kernel.reshape(kernel.shape).astype(kernel.dtype)
   _, ph0, ph1 = _pads(h, kh, stride, padding)
   _, pw0, pw1 = _pads(w, kw, stride, padding)
@@ -366,10 +367,12 @@ class BatchNorm(nnx.Module):
       return y * self.scale[...] + self.bias[...]
     c = x.shape[-1]
     x2 = x.reshape(-1, c)
+    # the weights, counts and statistics are float32 whatever the compute
+    # type: a bfloat16 count is exact only up to 256
     if mask is None:
-      w = jnp.ones((x2.shape[0],), x.dtype)
+      w = jnp.ones((x2.shape[0],), jnp.float32)
     else:  # one weight per (sample, position): the sample's mask
-      w = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).reshape(-1).astype(x.dtype)
+      w = jnp.broadcast_to(mask, x.shape[:-1] + (1,)).reshape(-1).astype(jnp.float32)
     y, mean, var = _batch_norm_train(x2, w, self.scale[...], self.bias[...],
                                      self.epsilon)
     n = jnp.sum(w)
@@ -388,6 +391,10 @@ def _column_sum(x2, w):
 
 
 def _bn_forward(x2, w, scale, bias, epsilon):
+  """Statistics and normalisation in float32; ``y`` in ``x2``'s type.  The
+  residuals keep ``x2`` in its own type (half the bytes in bfloat16)."""
+  low, param = x2, scale
+  x2, scale, bias = (a.astype(jnp.float32) for a in (x2, scale, bias))
   n = jnp.sum(w)
   mean = _column_sum(x2, w) / n
   # One pass over x for both moments (Flax's default too); the clamp keeps a
@@ -398,7 +405,8 @@ def _bn_forward(x2, w, scale, bias, epsilon):
   xhat = (x2 - mean) * inv
   # d var / d raw as autodiff takes it through the clamp (a tie halves)
   d_clamp = jnp.where(raw > 0, 1.0, jnp.where(raw == 0, 0.5, 0.0)).astype(x2.dtype)
-  return (xhat * scale + bias, mean, var), (x2, w, mean, inv, scale, n, d_clamp)
+  return ((xhat * scale + bias).astype(low.dtype), mean, var), (low, w, mean, inv, param, n,
+                                                                 d_clamp)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -421,8 +429,10 @@ def _batch_norm_train_fwd(x2, w, scale, bias, epsilon):
 def _batch_norm_train_bwd(epsilon, res, cts):
   """Autodiff's chain through the forward, written out (a shortened closed
   form rounds differently, which a near-constant channel amplifies)."""
-  x2, w, mean, inv, scale, n, d_clamp = res
+  low, w, mean, inv, param, n, d_clamp = res
+  x2, scale = low.astype(jnp.float32), param.astype(jnp.float32)
   g, g_mean, g_var = cts
+  g = g.astype(jnp.float32)
   centred = x2 - mean
   d_bias = jnp.sum(g, axis=0)
   d_scale = jnp.sum(g * centred, axis=0) * inv
@@ -433,7 +443,9 @@ def _batch_norm_train_bwd(epsilon, res, cts):
   g_sum2 = g_raw / n
   wc = w[:, None]
   d_x2 = g_xhat * inv + wc * g_sum1 + 2.0 * x2 * wc * g_sum2
-  return d_x2, jnp.zeros_like(w), d_scale, d_bias
+  # scale and bias are parameters of one stage, cast together
+  return (d_x2.astype(low.dtype), jnp.zeros_like(w), d_scale.astype(param.dtype),
+          d_bias.astype(param.dtype))
 
 
 _batch_norm_train.defvjp(_batch_norm_train_fwd, _batch_norm_train_bwd)

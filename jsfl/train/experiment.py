@@ -175,7 +175,7 @@ def build_model(cfg: dict, input_shape, num_classes: int):
   try:
     model = get_model(m_cfg["name"], input_shape, num_classes, init=m_cfg["init"],
                       eval_conv_impl=m_cfg["eval_conv_impl"], padding=m_cfg["padding"],
-                      **model_opts)
+                      precision=cfg["exec"]["precision"], **model_opts)
   except TypeError as e:
     raise config_lib.ConfigError(_model_options_error(m_cfg["name"], model_opts, e)) from None
   except ValueError as e:
