@@ -173,11 +173,15 @@ def _parser() -> argparse.ArgumentParser:
   i = sub.add_parser("info", help="backend, devices, versions; how a config would run here",
                      description="Print the backend, devices and their memory, versions "
                      "and the compilation cache; with a config (and overrides), the "
-                     "exec choices 'auto' resolves to on this machine.\n\n"
+                     "exec choices 'auto' resolves to on this machine and the round "
+                     "program's memory by XLA's analysis, with the most seeds that fit.\n\n"
                      "  jsfl info\n  jsfl info experiments/hydra/fmnist.toml run.seeds=8",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
   i.add_argument("config", nargs="?", default=None, help="TOML config (optional)")
   i.add_argument("overrides", nargs="*", help="section.key=value overrides")
+  i.add_argument("--no-compile", action="store_true",
+                 help="leave out the round program's memory (it loads the data and "
+                 "compiles the program three times)")
   sub.add_parser("config-reference", help="print the config reference (markdown)")
   return p
 
@@ -375,7 +379,7 @@ def cmd_info(args) -> int:
   if args.config or args.overrides:
     cfg = config_lib.load_config(args.config, args.overrides)
   from jsfl.train.info import info
-  print(info(cfg))
+  print(info(cfg, compiled=not args.no_compile))
   return 0
 
 
@@ -423,6 +427,8 @@ def main(argv=None) -> int:
 
 
 def _dispatch(argv=None) -> int:
+  from jsfl.train.allocator import configure
+  configure()  # before the command's first JAX call starts the backend
   parser = _parser()
   # key=value pairs may follow --flags; argparse alone would reject them there.
   args, extra = parser.parse_known_args(argv)

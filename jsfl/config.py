@@ -181,6 +181,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                           "their activations live through the segment; the same values; "
                           "auto = per_visit (jsfl.train.programs.default_client_pass)",
                           ("auto", "per_visit", "batched")),
+        "precision": _f(str, "float32", "compute type of training: bfloat16 = matmuls and "
+                        "activations in bfloat16 from float32 parameters (BatchNorm "
+                        "statistics, optimiser state, loss and evaluation stay float32); "
+                        "float32 is what the papers' code computes (docs/performance.md)",
+                        ("float32", "bfloat16")),
         "server_unroll": _f(int, 1, "unroll factor of the server lax.scan",
                             range="[1, 1024]"),
         "mesh": _f(str, "auto", "device mesh 'seeds=S,clients=C' (jsfl.core.sharding); "
@@ -192,9 +197,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "compile_cache": _f(str, "auto", "persistent XLA compilation cache: auto = "
                             "$JSFL_COMPILE_CACHE, else $XDG_CACHE_HOME/jsfl/xla (~/.cache/"
                             "jsfl/xla); off; or a directory"),
-        "max_slots": _f(int, 0, "jsfl sweep: most slots (runs) one compiled program "
-                        "trains; 0 = as many as the device's memory holds (an estimate, "
-                        "jsfl.train.memory.fitting_slots)", range="[0, 1000000]"),
+        "max_slots": _f(int, 0, "most slots (seeds, runs) one call of the round program "
+                        "trains: jsfl run calls it on chunks of the slots, jsfl sweep cuts "
+                        "its programs; 0 = as many as the device's memory holds (jsfl run: "
+                        "XLA's memory analysis of the compiled round, jsfl.train.fit; jsfl "
+                        "sweep: an estimate first, jsfl.train.memory.fitting_slots)",
+                        range="[0, 1000000]"),
     },
 }
 

@@ -672,5 +672,5 @@ def test_run_partition_and_info_on_each(name, fixtures, cache_root, tmp_path, ca
                    *opts]) == 0
   table = capsys.readouterr().out.splitlines()
   assert table[0].startswith("client") and len(table) == 3
-  assert cli.main(["info", f"dataset.name={name}", f"dataset.path={path}"]) == 0
+  assert cli.main(["info", f"dataset.name={name}", f"dataset.path={path}", "--no-compile"]) == 0
   assert f"on {name}," in capsys.readouterr().out

@@ -7,6 +7,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -200,6 +201,11 @@ def test_info_prints_the_backend_and_what_auto_resolves_to(capsys):
   assert "exec.client_exec = auto -> unroll" in text
   assert "exec.seed_exec = auto -> map" in text
   assert "3 seeds" in text and "4 clients (4 per round)" in text
+  # the compiled round's memory, and how many seeds fit this machine
+  assert "round program at 3 seeds (XLA's memory analysis" in text
+  fits = re.search(r"about (\d+) seeds fit in", text)
+  assert fits and int(fits.group(1)) > 100, text
+  assert "GPU allocator:" in text
   assert cli.main(["info", "run.seeds=0"]) == 2
   assert capsys.readouterr().err.startswith("jsfl: error: run.seeds=0")
 

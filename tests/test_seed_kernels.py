@@ -3,10 +3,13 @@ under the seed vmap equal XLA's convolution, the two client passes of a
 sequential server give the same round, and the GPU's default round program
 holds no feature-grouped convolution (docs/performance.md)."""
 
+import dataclasses
 import functools
+import os
 
 import chex
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -124,3 +127,117 @@ def test_gpu_default_round_has_no_feature_grouped_convolution(model):
   assert gpu["dot_general"]["batched"] > 10
   old = _census(model, "xla", "grouped")
   assert old["feature_grouped"] >= 20, old["convolutions"]
+
+
+def _rel(a, b):
+  return float(jnp.linalg.norm(a.astype(jnp.float32) - b) / jnp.linalg.norm(b))
+
+
+@pytest.mark.parametrize("layer", ["conv3x3", "conv1x1", "depthwise", "batch_norm"])
+def test_bfloat16_layers_are_float32_to_bfloat16_rounding(layer):
+  """Each training layer in bfloat16 (inputs, weights and cotangent cast)
+  against float32: values and gradients within bfloat16's rounding (its
+  8-bit mantissa: ~4e-3 a value), BatchNorm's statistics in float32."""
+  k = jax.random.split(jax.random.key(0), 4)
+  x = jax.random.normal(k[0], (8, 16, 16, 8))
+  fns = {
+      "conv3x3": (lambda a, w: layers.conv2d(a, w, stride=2, padding="TORCH",
+                                              impl="im2col"), (3, 3, 8, 8)),
+      "conv1x1": (lambda a, w: layers.conv2d(a, w, impl="im2col"), (1, 1, 8, 8)),
+      "depthwise": (lambda a, w: layers.depthwise_conv2d(a, w, stride=2, padding="TORCH",
+                                                          impl="shifts"), (3, 3, 1, 8)),
+      "batch_norm": (lambda a, w: layers._batch_norm_train(
+          a.reshape(-1, 8), jnp.ones((a.size // 8,)), w, w * 0.5, 1e-5)[0].reshape(a.shape),
+          (8,)),
+  }
+  f, wshape = fns[layer]
+  w = jax.random.normal(k[1], wshape) + (1.0 if layer == "batch_norm" else 0.0)
+  y0, vjp0 = jax.vjp(f, x, w)
+  ct = jax.random.normal(k[2], y0.shape)
+  y1, vjp1 = jax.vjp(f, x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+  assert y1.dtype == jnp.bfloat16
+  g0, g1 = vjp0(ct), vjp1(ct.astype(jnp.bfloat16))
+  for a, b in ((y1, y0), *zip(g1, g0, strict=True)):
+    assert 1e-4 < _rel(a, b) < 1.5e-2
+
+
+def test_bfloat16_training_keeps_float32_state():
+  """exec.precision = bfloat16: the round's matmuls run in bfloat16 while
+  parameters, statistics, optimiser state and loss stay float32; the
+  default program has no bfloat16 at all; the two rounds agree to
+  bfloat16's rounding of a small network."""
+  data = make_fed_data([7, 5, 10], dominant=np.arange(3, dtype=np.int32))
+  key = jax.random.key(2)
+  out = {}
+  for precision in ("float32", "bfloat16"):
+    model = dataclasses.replace(tiny_model(), precision=precision)
+    setup = make_setup(model, data, order="cyclic")
+    state = sfl.init(setup, key)
+    step = jax.jit(lambda s, k, setup=setup: sfl.round(setup, s, data, k))
+    text = step.lower(state, key).as_text()
+    assert ("bf16" in text) == (precision == "bfloat16")
+    state, m = step(state, key)
+    assert {a.dtype for a in jax.tree.leaves(state)
+            if jnp.issubdtype(a.dtype, jnp.floating)} == {jnp.dtype(jnp.float32)}
+    assert m["loss"].dtype == jnp.float32
+    out[precision] = (state, m)
+  (s32, m32), (s16, m16) = out["float32"], out["bfloat16"]
+  assert abs(float(m16["loss"]) - float(m32["loss"])) < 0.02 * float(m32["loss"])
+  moved = _rel(jax.flatten_util.ravel_pytree(s16.part2)[0] - jax.flatten_util.ravel_pytree(
+      sfl.init(setup, key).part2)[0], jax.flatten_util.ravel_pytree(s32.part2)[0]
+      - jax.flatten_util.ravel_pytree(sfl.init(setup, key).part2)[0])
+  assert 1e-4 < moved < 0.1, moved
+
+
+SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_classes=4",
+       "dataset.train_size=160", "dataset.test_size=40", "model.width=4", "model.hidden=16",
+       "partition.num_clients=4", "method.batch_size=16", "exec.progress=false",
+       "run.rounds=2", "run.seeds=3", "exec.seed_exec=vmap"]
+
+
+def _records(run_dir):
+  import json
+  with open(f"{run_dir}/metrics.jsonl") as f:
+    return [{k: v for k, v in json.loads(line).items() if k != "wall_s"} for line in f]
+
+
+def test_a_run_in_chunks_of_its_slots_equals_one_program(tmp_path, capsys):
+  """Three seeds called two at a time (exec.max_slots = 2: the form a run
+  takes when its program would not fit the device) give the records of one
+  program of three, bit for bit."""
+  from jsfl import cli
+  assert cli.main(["run", *SYN, f"run.dir={tmp_path}/one"]) == 0
+  assert cli.main(["run", *SYN, f"run.dir={tmp_path}/chunks", "exec.max_slots=2"]) == 0
+  assert "running the slots 2 at a time (2 calls a round)" in capsys.readouterr().err
+  one, chunks = _records(f"{tmp_path}/one"), _records(f"{tmp_path}/chunks")
+  assert len(one) == 6 and {r["seed"] for r in one} == {0, 1, 2}
+  assert one == chunks
+
+
+def test_a_program_that_cannot_fit_stops_before_training(tmp_path, capsys, monkeypatch):
+  """One slot needing more than the device has: one line naming the need
+  and the device's memory, exit 2, no run directory left; a device that
+  holds two of three slots runs them in chunks."""
+  from jsfl import cli
+  from jsfl.train import fit, memory
+  monkeypatch.setattr(memory, "device_memory", lambda: 2**10)
+  assert cli.main(["run", *SYN, f"run.dir={tmp_path}/run"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "the round program of one slot needs" in err[0], err
+  assert "the device has 0.00 GiB" in err[0] and "allowed:" in err[0]
+  assert not os.path.exists(f"{tmp_path}/run")
+  # a limit between two and three slots' needs
+  from jsfl import config as config_lib
+  from jsfl.train import experiment, programs
+  cfg = config_lib.load_config(None, SYN)
+  exp = experiment.prepare(cfg)
+  init, rnd, _ = programs.build_programs(exp)
+  slot, shared = programs.split_data(exp.data)
+  keys = programs.make_seed_keys(exp.seeds)
+  needs = [fit.program_bytes(fit.compile_round(rnd, init, keys, slot, shared, k))
+           for k in (2, 3)]
+  monkeypatch.setattr(memory, "device_memory",
+                      lambda: int((needs[0] + needs[1]) / 2 / fit.USABLE))
+  assert cli.main(["run", *SYN, f"run.dir={tmp_path}/fits"]) == 0
+  assert "running the slots 2 at a time" in capsys.readouterr().err
+  assert len(_records(f"{tmp_path}/fits")) == 6

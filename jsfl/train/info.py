@@ -14,14 +14,14 @@ import jax
 
 from jsfl.core import sharding
 from jsfl.models import layers
-from jsfl.train import compile_cache
+from jsfl.train import allocator, compile_cache
 from jsfl.train.evaluate import eval_chunk
 from jsfl.train.lifecycle import versions
-from jsfl.train.programs import default_client_exec, default_seed_exec
+from jsfl.train.programs import default_client_exec, default_client_pass, default_seed_exec
 
 
 def _gib(n) -> str:
-  return f"{n / 2**30:.1f} GiB"
+  return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _host_memory() -> int | None:
@@ -58,6 +58,7 @@ def machine_lines() -> list[str]:
       *[_device_line(d) for d in devs],
       f"host: {os.cpu_count()} CPU cores" + (f", {_gib(host)} memory" if host else ""),
       f"compile cache: {compile_cache.cache_dir() or 'off'}",
+      f"GPU allocator: {allocator.describe()}",
   ]
   if jax.default_backend() == "cpu":
     lines.append("  no accelerator in use: for a GPU install jsfl[cuda12] or jsfl[cuda13] "
@@ -92,13 +93,50 @@ def config_lines(cfg: dict) -> list[str]:
       f"  exec.eval_batch = {x['eval_batch']} -> {eval_chunk(x['eval_batch'])}",
       f"  model.depthwise_impl = {dw} -> "
       f"{layers.default_depthwise_impl() if dw == 'auto' else dw}",
+      f"  exec.client_pass = {x['client_pass']} -> "
+      f"{default_client_pass() if x['client_pass'] == 'auto' else x['client_pass']}",
+      f"  exec.precision = {x['precision']}",
       f"  exec.compile_cache = {x['compile_cache']} -> "
       f"{compile_cache.cache_dir(x['compile_cache']) or 'off'}",
   ]
 
 
-def info(cfg: dict | None = None) -> str:
+def memory_lines(cfg: dict) -> list[str]:
+  """The compiled round program's memory (XLA's memory analysis) at the
+  config's seeds, and the most seeds whose program fits this device."""
+  from jsfl.train import experiment, fit, memory, programs
+  seeds = cfg["run"]["seeds"]
+  one = {**cfg, "run": {**cfg["run"], "seeds": 1}}
+  exp = experiment.prepare(one)
+  init, rnd, _ = programs.build_programs(exp)
+  slot, shared = programs.split_data(exp.data)
+  widen = lambda t, k: jax.tree.map(lambda a: jax.numpy.concatenate([a] * k), t)
+  needs: dict[int, int] = {}
+  analyses = {}
+  for k in sorted({1, 2, seeds}):
+    keys = programs.make_seed_keys(range(k))
+    compiled = fit.compile_round(rnd, init, keys, widen(slot, k), shared, k)
+    need = fit.program_bytes(compiled)
+    if need is None:
+      return ["round program: this backend gives no memory analysis"]
+    needs[k], analyses[k] = need, compiled.memory_analysis()
+  limit = memory.device_memory()
+  m = analyses[seeds]
+  most = fit.slots_that_fit(needs[1], needs[2], limit)
+  return [
+      f"round program at {seeds} seed{'s' * (seeds > 1)} (XLA's memory analysis, compiled "
+      f"here): {_gib(needs[seeds])} (arguments {_gib(m.argument_size_in_bytes)}, outputs "
+      f"{_gib(m.output_size_in_bytes)}, temporaries {_gib(m.temp_size_in_bytes)})",
+      f"  {_gib(max(needs[2] - needs[1], 0))} a seed: about {most} seeds fit in "
+      f"{_gib(limit)} ({fit.USABLE:.0%} usable); a run of more calls its program on "
+      "chunks of the seeds (exec.max_slots)",
+  ]
+
+
+def info(cfg: dict | None = None, compiled: bool = True) -> str:
   lines = machine_lines() + (config_lines(cfg) if cfg is not None else [])
+  if cfg is not None and compiled:
+    lines += memory_lines(cfg)
   return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from jsfl import checkpoint, distributed, rundir
 from jsfl.errors import Diverged, RunDirError
-from jsfl.train import programs
+from jsfl.train import fit, programs
 from jsfl.train.evaluate import chunk_test_set
 from jsfl.train.experiment import Experiment, prepare
 from jsfl.train.lifecycle import (
@@ -108,6 +108,9 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
   test = jax.tree.map(jnp.asarray, chunk_test_set(
       exp.dataset.x_test, exp.dataset.y_test, cfg["exec"]["eval_batch"]))
   seed_keys, slot, shared, test = place(mesh, make_seed_keys(exp.seeds), slot, shared, test)
+  init, rnd, ev = fit.fit(exp, (init, rnd, ev), seed_keys, slot, shared, mesh,
+                          log=lambda m: print(m, file=sys.stderr, flush=True) if writes
+                          else None)
   _, _, mean, std = shared
   state = commit(init(seed_keys), mesh)
   R, every, ckpt_every = (cfg["run"][k] for k in ("rounds", "eval_every", "checkpoint_every"))
