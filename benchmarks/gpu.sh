@@ -7,19 +7,20 @@
 # per part and the machine in every JSON.
 #
 # Usage: bash benchmarks/gpu.sh [--smoke] [PART...]
-#   parts: vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18 throughput
-#          scaling sweep (default: all,
-#          in that order; run them one call each where a call is time-limited)
+#   parts: fill kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18
+#          throughput scaling sweep (default: all, in that order; run them one call
+#          each where a call is time-limited; fill first: it sets the GPU defaults)
 #   --smoke: the same scripts at toy sizes on any backend (the test suite runs
 #          it on the CPU); vs_torch is skipped where torch is not installed.
-# Env: OUT (benchmarks/results/gpu-<host>-<date>), PYTHON (python), LIMIT (540 s a part).
+# Env: OUT (benchmarks/results/gpu-<host>-<date>), PYTHON (python), LIMIT (540 s a part),
+#      DEADLINE (fill, kernels: no cell started after it; 400 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 smoke=0
 if [[ ${1:-} == --smoke ]]; then smoke=1; shift; fi
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18
-                                   throughput scaling sweep)
+[[ ${#parts[@]} -gt 0 ]] || parts=(fill kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl
+                                   vs_torch_resnet18 throughput scaling sweep)
 # The benchmarks import jsfl from this checkout whether or not it is installed.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python}
@@ -73,6 +74,19 @@ for p in "${parts[@]}"; do
         part scaling scaling.py --curves seeds clients --seeds 1 2 4 8 16 32 --clients 10 100 \
           --repeats 3
       fi ;;
+    fill)  # how far seeds fill the card: old and new lowerings, bfloat16 (benchmarks/fill.py)
+      if ((smoke)); then
+        part fill fill.py --smoke
+      else  # ~30-60 s a cell on an H100/H200 (compilation most of it); the most
+        # telling cells first, none started after DEADLINE (default 400 s)
+        part fill fill.py --deadline "${DEADLINE:-400}" --cell-timeout 180
+      fi ;;
+    kernels)  # the server visit alone under each lowering (benchmarks/seed_kernels.py)
+      if ((smoke)); then
+        part kernels seed_kernels.py --smoke
+      else
+        part kernels seed_kernels.py --deadline "${DEADLINE:-400}"
+      fi ;;
     sweep)  # 45 runs (3 lr x 3 Dirichlet alpha x 5 seeds) as slots vs one program per cell
       if ((smoke)); then
         part sweep sweep.py --lrs 0.01 0.1 --alphas 0.5 --seeds 1 --rounds 1 --clients 2 \
@@ -80,8 +94,8 @@ for p in "${parts[@]}"; do
       else
         part sweep sweep.py --rounds 5 --train-size 60000 --test-size 10000
       fi ;;
-    *) echo "unknown part '$p'; allowed: vs_torch_mobilenet vs_torch_mobilenet_multisfl" \
-            "vs_torch_resnet18 throughput scaling sweep" >&2
+    *) echo "unknown part '$p'; allowed: fill kernels vs_torch_mobilenet" \
+            "vs_torch_mobilenet_multisfl vs_torch_resnet18 throughput scaling sweep" >&2
        exit 2 ;;
   esac
 done

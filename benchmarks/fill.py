@@ -1,0 +1,206 @@
+"""How far seeds fill one accelerator: a seed-batched SFL round, old and new
+lowerings side by side.
+
+Each cell is one ``jsfl run``-shaped round program (synthetic CIFAR-shaped
+data, 32x32x3, 10 classes, 10 clients of ``--batch`` samples each, so a
+round is one batch step of every client and ten server visits), built
+through the library's own config and programs, in its own process (its
+compile time and peak memory are its own):
+
+* ``new``: today's ``auto`` choices (``exec.client_pass``,
+  ``model.conv_impl``, ``model.depthwise_impl`` as they resolve here);
+* ``old``: the lowering before them (``xla`` convolutions, ``grouped``
+  depthwise, ``client_pass = batched``), the figures of the first GPU
+  measurement;
+* ``bf16``: ``new`` with ``exec.precision = "bfloat16"``.
+
+Per cell: samples/s (median of ``--repeats`` timed rounds), compile
+seconds, JAX's peak bytes in use, XLA's memory analysis and, for the first
+cell, a census of the compiled program's cuDNN / cuBLAS calls (its
+optimised HLO).  Rows are written as they finish
+(``fill-partial.json``); ``--deadline`` stops starting cells.
+
+Usage::
+
+  python benchmarks/fill.py                          # the GPU grid
+  python benchmarks/fill.py --smoke                  # toy sizes, any backend
+"""
+
+from __future__ import annotations
+
+import os
+
+# cells run one after another in their own processes: none may hold 75%
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse
+import json
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+OLD = ["model.conv_impl=xla", "model.depthwise_impl=grouped", "exec.client_pass=batched"]
+BF16 = ["exec.precision=bfloat16"]
+
+# (model, seeds, lowering): the most telling first, so a time limit cuts the rest
+GRID = [("mobilenet_v1", 16, "new"), ("mobilenet_v1", 1, "new"), ("mobilenet_v1", 64, "new"),
+        ("mobilenet_v1", 16, "old"), ("mobilenet_v1", 16, "bf16"), ("resnet18", 8, "new"),
+        ("resnet18", 1, "new"), ("resnet18", 8, "old"), ("resnet18", 32, "new"),
+        ("mobilenet_v1", 1, "old"), ("resnet18", 1, "old"), ("mobilenet_v1", 64, "old"),
+        ("resnet18", 32, "old")]
+SMOKE = [("mobilenet_v1", 2, "new"), ("mobilenet_v1", 2, "old"), ("resnet18", 1, "bf16")]
+
+
+def machine() -> dict:
+  import jax
+  d = jax.devices()[0]
+  return {"host": socket.gethostname(), "platform": platform.platform(),
+          "cpus": os.cpu_count(), "backend": jax.default_backend(),
+          "device": getattr(d, "device_kind", str(d)), "jax": jax.__version__}
+
+
+def overrides(model, seeds, lowering, args) -> list[str]:
+  clients, batch = args.clients, args.batch
+  width = [f"model.width={args.width}"] if args.width else []
+  return [
+      "dataset.name=synthetic", "dataset.input_shape=[32, 32, 3]", "dataset.num_classes=10",
+      f"dataset.train_size={clients * batch}", "dataset.test_size=100",
+      f"model.name={model}", *width, "method.name=sfl", f"method.batch_size={batch}",
+      f"partition.num_clients={clients}", f"run.seeds={seeds}", "optim.lr=0.01",
+      "optim.momentum=0.5", "exec.seed_exec=vmap", "exec.client_exec=vmap",
+      "exec.progress=false", "exec.compile_cache=off",
+      *(OLD if lowering == "old" else BF16 if lowering == "bf16" else [])]
+
+
+def worker(cell: dict, repeats: int, census_calls: bool) -> dict:
+  """One cell in this process: compile, time, measure."""
+  import jax
+
+  sys.path.insert(0, HERE)
+  from seed_kernels import census
+
+  from jsfl import config as config_lib
+  from jsfl.train import experiment, fit, programs
+  cfg = config_lib.load_config(None, cell["overrides"])
+  exp = experiment.prepare(cfg)
+  init, rnd, _ = programs.build_programs(exp)
+  slot, shared = programs.split_data(exp.data)
+  keys = programs.make_seed_keys(exp.seeds)
+  state = programs.commit(init(keys), None)
+  jax.block_until_ready(state)
+  t = time.perf_counter()
+  compiled = fit.compile_round(rnd, init, keys, slot, shared, len(exp.seeds))
+  compile_s = time.perf_counter() - t
+  from jsfl.models import layers
+  m_cfg = cfg["model"]
+  out = {"machine": machine(), "compile_s": round(compile_s, 2),
+         "program_bytes": fit.program_bytes(compiled),
+         "conv_impl": (layers.default_conv_impl() if m_cfg["conv_impl"] == "auto"
+                       else m_cfg["conv_impl"]),
+         "depthwise_impl": (layers.default_depthwise_impl()
+                            if m_cfg["depthwise_impl"] == "auto" else m_cfg["depthwise_impl"]),
+         "client_pass": exp.setup.client_pass, "precision": cfg["exec"]["precision"]}
+  mem = compiled.memory_analysis()
+  if mem is not None:
+    out["temp_bytes"] = int(mem.temp_size_in_bytes)
+  if census_calls:
+    out["census"] = census(compiled.as_text() or "")
+  samples = len(exp.seeds) * exp.setup.clients_per_round * exp.setup.batch_size
+  times = []
+  for r in range(repeats + 1):
+    t = time.perf_counter()
+    state, m = compiled(state, slot, programs.round_keys(keys, r), shared)
+    jax.block_until_ready((state, m))
+    if r:
+      times.append(time.perf_counter() - t)
+  stats = jax.devices()[0].memory_stats() or {}
+  out.update(round_s=statistics.median(times), times_s=[round(x, 5) for x in times],
+             samples_per_round=samples,
+             samples_per_s=round(samples / statistics.median(times), 1),
+             peak_bytes=stats.get("peak_bytes_in_use"),
+             loss=float(jax.numpy.mean(m["loss"])))
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--smoke", action="store_true", help="toy sizes (any backend)")
+  ap.add_argument("--clients", type=int, default=10)
+  ap.add_argument("--batch", type=int, default=64)
+  ap.add_argument("--width", type=float, default=None)
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--cells", nargs="*", default=None,
+                  help="MODEL:SEEDS:LOWERING cells instead of the grid")
+  ap.add_argument("--deadline", type=float, default=None,
+                  help="seconds after which no further cell is started")
+  ap.add_argument("--cell-timeout", type=float, default=300)
+  ap.add_argument("--out", default=os.path.join(HERE, "results"))
+  ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  args = ap.parse_args()
+  if args.worker:
+    cell = json.loads(args.worker)
+    print("RESULT " + json.dumps(worker(cell, cell["repeats"], cell["census"])), flush=True)
+    return
+  if args.smoke:
+    args.clients, args.batch, args.width, args.repeats = 2, 8, 0.125, 1
+  grid = ([tuple(c.split(":")) for c in args.cells] if args.cells
+          else SMOKE if args.smoke else GRID)
+  # the parent starts no backend (a GPU context of its own would hold memory):
+  # the machine comes from the cells
+  res = {"machine": None, "clients": args.clients, "batch": args.batch,
+         "width": args.width, "rows": [],
+         "command": "python benchmarks/fill.py " + " ".join(sys.argv[1:])}
+  os.makedirs(args.out, exist_ok=True)
+  partial = os.path.join(args.out, "fill-partial.json")
+  start = time.perf_counter()
+  for i, (model, seeds, lowering) in enumerate(grid):
+    row = {"model": model, "seeds": int(seeds), "lowering": lowering}
+    if args.deadline is not None and time.perf_counter() - start > args.deadline:
+      res.setdefault("skipped", []).append(row)
+      continue
+    cell = {"overrides": overrides(model, int(seeds), lowering, args),
+            "repeats": args.repeats, "census": i == 0}
+    t = time.perf_counter()
+    try:
+      proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cell)],
+                            capture_output=True, text=True, timeout=args.cell_timeout,
+                            check=False)
+      lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+      if lines:
+        row.update(json.loads(lines[-1][7:]))
+      else:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        row["error"] = " | ".join(tail)[-400:]
+    except subprocess.TimeoutExpired:
+      row["error"] = f"timed out after {args.cell_timeout:.0f} s"
+    row["wall_s"] = round(time.perf_counter() - t, 1)
+    if row.get("machine"):
+      res["machine"] = res["machine"] or row["machine"]
+      del row["machine"]
+      if len(res["rows"]) == 0:
+        print(res["machine"], flush=True)
+    res["rows"].append(row)
+    print(f"{model:13s} S={int(seeds):3d} {lowering:4s} " + (
+        row["error"] if "error" in row else
+        f"{row['samples_per_s']:11,.0f} samples/s  compile {row['compile_s']:6.1f} s  "
+        f"peak {(row.get('peak_bytes') or 0) / 2**30:6.2f} GiB  program "
+        f"{(row.get('program_bytes') or 0) / 2**30:6.2f} GiB"), flush=True)
+    with open(partial + ".tmp", "w") as f:
+      json.dump({**res, "partial": True}, f, indent=1)
+    os.replace(partial + ".tmp", partial)
+  backend = (res["machine"] or {}).get("backend", "unknown")
+  path = os.path.join(args.out, f"fill-{backend}-{socket.gethostname()}-"
+                      f"{time.strftime('%Y%m%d-%H%M%S')}.json")
+  with open(path, "w") as f:
+    json.dump(res, f, indent=1)
+  os.remove(partial)
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
