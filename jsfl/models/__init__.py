@@ -2,10 +2,12 @@
 
 from jsfl.models import (  # noqa: F401  (register)
   alexnet,
+  densenet161,
   lenet5,
   mobilenet_v1,
   mobilenet_v2,
   resnet18,
+  resnet101,
   small_cnn,
   vgg16,
 )
