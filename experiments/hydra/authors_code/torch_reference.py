@@ -1,8 +1,10 @@
-"""PyTorch's MobileNetV1 and ResNet-18 against jsfl's, from shared weights.
+"""PyTorch's MobileNetV1, ResNet-18, ResNet-101 and DenseNet-161 against
+jsfl's, from shared weights.
 
 The cross-check runs the authors' scripts on ``models/mobilenet.py`` and
-``models/resnet.py``, our PyTorch ports; this writes what each computes in
-float64 from weights
+``models/resnet.py``, our PyTorch ports; ``models/resnet101.py`` and
+``models/densenet161.py`` port the Hydra and MultiSFL papers' larger models.
+This writes what each computes in float64 from weights
 both sides derive from a stage path (``shared_value``): one train-mode
 forward and backward of a cross-entropy loss (the logits, the loss, every
 parameter gradient as its norm and its dot product with a fixed random
@@ -14,8 +16,17 @@ Run with a Python that has torch and numpy (the authors' venv, README step 2):
 
     /work/authors/venv/bin/python experiments/hydra/authors_code/torch_reference.py
 
-Writes ``tests/data/<model>_torch.npz`` (about 50 kB each).  This module
-imports only numpy at its top: the test takes ``shared_value`` and ``batch``
+Writes ``tests/data/<model>_torch.npz`` (50 kB or less each) for the models
+named on the command line, or for all of them:
+
+    .../python experiments/hydra/authors_code/torch_reference.py resnet101 densenet161
+
+``mobilenet_v1``'s and ``resnet18``'s files hold one entry per parameter
+(``grad_norm:<path>`` ...); ``resnet101``'s and ``densenet161``'s pack those
+into arrays beside their paths (``grad_norm`` and ``param_paths`` ...), as a
+zip entry costs about 200 bytes and DenseNet-161 has 484 parameters;
+:func:`read` gives either layout as the first.  This module imports only
+numpy at its top: the test takes ``shared_value``, ``batch`` and ``read``
 from it.
 """
 
@@ -28,9 +39,16 @@ import zlib
 
 import numpy as np
 
-MODELS = {"mobilenet_v1": 0.25, "resnet18": 0.125}  # jsfl name -> width
+# jsfl name -> width; the deep models at full depth, narrow to keep the
+# test's float64 programs quick to compile and run
+MODELS = {"mobilenet_v1": 0.25, "resnet18": 0.125, "resnet101": 0.125, "densenet161": 0.125}
 SHAPE = (28, 28, 1)  # Fashion-MNIST: every stride-2 layer meets an even size
 NUM_CLASSES = 10
+# the input each model's papers give it, where it is not SHAPE's: CIFAR for
+# ResNet-101 (Hydra), TinyImageNet for DenseNet-161 (MultiSFL)
+SHAPES = {"resnet101": (32, 32, 3), "densenet161": (64, 64, 3)}
+CLASSES = {"densenet161": 200}
+PACKED = ("resnet101", "densenet161")  # written in the packed layout
 N = 4
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "data")
 
@@ -53,11 +71,35 @@ def projection(path: str, shape) -> np.ndarray:
   return np.random.default_rng(zlib.crc32(("projection:" + path).encode())).standard_normal(shape)
 
 
-def batch() -> tuple[np.ndarray, np.ndarray]:
-  """NHWC images and labels."""
-  x = np.random.default_rng(0).standard_normal((N,) + SHAPE)
-  y = np.random.default_rng(1).integers(0, NUM_CLASSES, N)
+def input_shape(name: str) -> tuple[int, int, int]:
+  """``(H, W, C)`` of the model's reference batch."""
+  return SHAPES.get(name, SHAPE)
+
+
+def num_classes(name: str) -> int:
+  return CLASSES.get(name, NUM_CLASSES)
+
+
+def batch(name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """NHWC images and labels (of the model ``name``, default SHAPE's)."""
+  x = np.random.default_rng(0).standard_normal((N,) + (input_shape(name) if name else SHAPE))
+  y = np.random.default_rng(1).integers(0, num_classes(name) if name else NUM_CLASSES, N)
   return x, y
+
+
+def read(path) -> dict:
+  """A reference file as ``{"logits_train", "loss", "logits_eval",
+  "grad_norm:<path>", "grad_dot:<path>", "stat_dot:<path>"}``, whichever
+  layout it was written in."""
+  with np.load(path) as f:
+    data = {k: f[k] for k in f.files}
+  if "param_paths" not in data:
+    return data
+  out = {k: data[k] for k in ("logits_train", "loss", "logits_eval")}
+  for kind, paths in (("grad_norm", "param_paths"), ("grad_dot", "param_paths"),
+                      ("stat_dot", "stat_paths")):
+    out.update({f"{kind}:{p}": v for p, v in zip(data[paths], data[kind], strict=True)})
+  return out
 
 
 def _conv(table, path, conv):
@@ -94,7 +136,7 @@ def _torch_model(name: str):
       _conv(params, f"{i}/conv", s[0])
       _bn(params, stats, f"{i}/norm", s[1])
     _linear(params, f"{len(st) - 1}/dense/linear", st[-1].fc)
-  else:
+  elif name == "resnet18":
     from models.resnet import stages
     st = stages(SHAPE[2], NUM_CLASSES, MODELS[name])
     _conv(params, "0", st[0])
@@ -108,6 +150,34 @@ def _torch_model(name: str):
         _conv(params, f"{i}/proj", b.proj[0])
         _bn(params, stats, f"{i}/proj_norm", b.proj[1])
     _linear(params, "11/linear", st[11])
+  elif name == "resnet101":
+    from models.resnet101 import stages
+    st = stages(input_shape(name)[2], num_classes(name), MODELS[name])
+    _conv(params, "0", st[0])
+    _bn(params, stats, "1/norm", st[1][0])
+    for i, b in enumerate(st[2:-2], start=2):
+      for k in (1, 2, 3):
+        _conv(params, f"{i}/conv{k}", getattr(b, f"conv{k}"))
+        _bn(params, stats, f"{i}/norm{k}", getattr(b, f"norm{k}"))
+      if b.proj is not None:
+        _conv(params, f"{i}/proj", b.proj[0])
+        _bn(params, stats, f"{i}/proj_norm", b.proj[1])
+    _linear(params, f"{len(st) - 1}/linear", st[-1])
+  else:
+    from models.densenet161 import DenseLayer, stages
+    st = stages(input_shape(name)[2], num_classes(name), MODELS[name])
+    _conv(params, "0/conv", st[0][0])
+    _bn(params, stats, "0/norm", st[0][1])
+    for i, s in enumerate(st[1:-2], start=1):
+      if isinstance(s, DenseLayer):
+        for k in (1, 2):
+          _bn(params, stats, f"{i}/norm{k}", getattr(s, f"norm{k}"))
+          _conv(params, f"{i}/conv{k}", getattr(s, f"conv{k}"))
+      else:  # transition: BN - relu - conv1x1 - avgpool
+        _bn(params, stats, f"{i}/norm", s[0])
+        _conv(params, f"{i}/conv", s[2])
+    _bn(params, stats, f"{len(st) - 2}/norm", st[-2][0])
+    _linear(params, f"{len(st) - 1}/dense/linear", st[-1].fc)
   net = torch.nn.Sequential(*st).double()
   with torch.no_grad():
     for table in (params, stats):
@@ -122,23 +192,25 @@ def write(name: str) -> None:
 
   torch.set_default_dtype(torch.float64)
   net, params, stats = _torch_model(name)
-  x, y = batch()
+  x, y = batch(name)
   xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
   net.train()
   logits = net(xt)
   loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y))
   loss.backward()
   out = {"logits_train": logits.detach().numpy(), "loss": loss.item()}
-  for path, (t, shape, perm) in params.items():
+  for path, (t, jshape, perm) in params.items():
     g = t.grad.numpy()
     g = g.transpose(np.argsort(perm)) if perm else g
     out[f"grad_norm:{path}"] = np.linalg.norm(g)
-    out[f"grad_dot:{path}"] = np.sum(g * projection(path, shape))
-  for path, (t, shape, _) in stats.items():
-    out[f"stat_dot:{path}"] = np.sum(t.detach().numpy() * projection(path, shape))
+    out[f"grad_dot:{path}"] = np.sum(g * projection(path, jshape))
+  for path, (t, jshape, _) in stats.items():
+    out[f"stat_dot:{path}"] = np.sum(t.detach().numpy() * projection(path, jshape))
   net.eval()
   with torch.no_grad():
     out["logits_eval"] = net(xt).numpy()
+  if name in PACKED:
+    out = _packed(out, list(params), list(stats))
   out_file = os.path.normpath(os.path.join(DATA, f"{name}_torch.npz"))
   os.makedirs(DATA, exist_ok=True)
   np.savez_compressed(out_file, **out)
@@ -146,6 +218,18 @@ def write(name: str) -> None:
         f"parameters -> {out_file}")
 
 
+def _packed(out: dict, param_paths: list, stat_paths: list) -> dict:
+  """``out`` with its per-path scalars as arrays beside their paths."""
+  packed = {k: out[k] for k in ("logits_train", "loss", "logits_eval")}
+  packed["param_paths"], packed["stat_paths"] = np.array(param_paths), np.array(stat_paths)
+  for kind, paths in (("grad_norm", param_paths), ("grad_dot", param_paths),
+                      ("stat_dot", stat_paths)):
+    packed[kind] = np.array([out[f"{kind}:{p}"] for p in paths])
+  return packed
+
+
 if __name__ == "__main__":
-  for model in MODELS:
+  for model in sys.argv[1:] or MODELS:
+    if model not in MODELS:
+      sys.exit(f"torch_reference: model {model!r}; allowed: {', '.join(MODELS)}")
     write(model)
