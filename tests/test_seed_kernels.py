@@ -32,11 +32,18 @@ def _vmapped_case(fn, impls, kernel, cin, cout, stride, padding, seed=0):
   w = jnp.asarray(rng.normal(size=(S, kernel, kernel, cin // (cin if fn is
                                    layers.depthwise_conv2d else 1), cout)), jnp.float32)
   shape = jax.eval_shape(functools.partial(fn, stride=stride, padding=padding,
-                                           impl=impls[0]), x[0], w[0]).shape
+                                           impl=impls[-1]), x[0], w[0]).shape
   ct = jnp.asarray(rng.normal(size=(S,) + shape), jnp.float32)
   out = []
   for impl in impls:
-    f = functools.partial(fn, stride=stride, padding=padding, impl=impl)
+    if impl == "lax":  # the reference: XLA's convolution under autodiff's own VJP
+      def f(a, b):
+        kh, kw = b.shape[:2]
+        return jax.lax.conv_general_dilated(
+            a, b, (stride, stride), layers._lax_padding(padding, kh, kw),
+            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    else:
+      f = functools.partial(fn, stride=stride, padding=padding, impl=impl)
 
     def one(x1, w1, c1, f=f):
       y, vjp = jax.vjp(f, x1, w1)
@@ -55,6 +62,41 @@ def test_im2col_under_the_seed_vmap_equals_xla(kernel, stride, padding):
   chex.assert_trees_all_close((y1, g1), (y0, g0), rtol=2e-5, atol=2e-5)
   # the seeds are independent: seed 1's weights change seed 1's output alone
   assert float(jnp.abs(y0[1] - y0[0]).max()) > 0.1
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [
+    (1, 2, "TORCH"), (3, 1, "TORCH"), (3, 2, "TORCH"), (3, 2, "SAME"), (5, 2, "VALID")])
+def test_xla_under_the_seed_vmap_equals_autodiff(kernel, stride, padding):
+  """``impl="xla"``'s own VJP (the gradient of the vmapped convolution under
+  vmap) gives autodiff's values and gradients of lax.conv_general_dilated."""
+  (y0, g0), (y1, g1) = _vmapped_case(layers.conv2d, ("lax", "xla"), kernel, 3, 4,
+                                     stride, padding)
+  assert float(jnp.abs(y0).max()) > 0.1
+  chex.assert_trees_all_close((y1, g1), (y0, g0), rtol=2e-5, atol=2e-5)
+
+
+def test_xla_weight_gradients_are_batch_grouped_under_the_seed_vmap():
+  """Under vmap of a gradient, autodiff's weight gradient of a convolution
+  is feature-grouped with the activation map as its filter (a cuDNN forward
+  kernel); ``impl="xla"``'s is batch-grouped (cuDNN's backward-filter)."""
+  census = load_script("benchmarks/census.py")
+  x, w = jnp.ones((S, 2, 9, 10, 3)), jnp.ones((S, 3, 3, 3, 4))
+
+  def lowered(impl):
+    def one(a, b):
+      if impl == "lax":
+        y = jax.lax.conv_general_dilated(a, b, (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+      else:
+        y = layers.conv2d(a, b, padding="SAME", impl=impl)
+      return jnp.sum(y * y)
+    return census.census_text(jax.jit(jax.vmap(jax.grad(one, argnums=(0, 1)))).lower(
+        x, w).as_text())["convolutions"]
+  ours, autodiff = lowered("xla"), lowered("lax")
+  # the forward and the input gradient are the two 3x3 ones on both sides
+  fwd = {f"fgc={S} bgc=1 window=3x3 stride=1x1 lhs_dilate=1x1": 2}
+  assert autodiff == {**fwd, f"fgc={S} bgc=1 window=9x10 stride=1x1 lhs_dilate=1x1": 1}
+  assert ours == {**fwd, f"fgc=1 bgc={S} window=9x10 stride=1x1 lhs_dilate=1x1": 1}
 
 
 @pytest.mark.parametrize("stride,padding", [(1, "TORCH"), (2, "TORCH"), (2, "SAME")])
