@@ -12,7 +12,9 @@ compile time and peak memory are its own):
 * ``old``: the lowering before them (``xla`` convolutions, ``grouped``
   depthwise, ``client_pass = batched``), the figures of the first GPU
   measurement;
-* ``bf16``: ``new`` with ``exec.precision = "bfloat16"``.
+* ``bf16``: ``new`` with ``exec.precision = "bfloat16"``;
+* ``xla``: ``new`` with XLA's convolutions (their seed-aware VJP), the
+  memory-lean choice for spatial kernels.
 
 Per cell: samples/s (median of ``--repeats`` timed rounds), compile
 seconds, JAX's peak bytes in use, XLA's memory analysis and, for the first
@@ -45,15 +47,18 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 OLD = ["model.conv_impl=xla", "model.depthwise_impl=grouped", "exec.client_pass=batched"]
-BF16 = ["exec.precision=bfloat16"]
+LOWERINGS = {"new": [], "old": OLD, "bf16": ["exec.precision=bfloat16"],
+             # XLA's convolutions with their seed-aware VJP, the rest as new
+             "xla": ["model.conv_impl=xla"]}
 
 # (model, seeds, lowering): the most telling first, so a time limit cuts the rest
 GRID = [("mobilenet_v1", 16, "new"), ("mobilenet_v1", 1, "new"), ("mobilenet_v1", 64, "new"),
         ("mobilenet_v1", 16, "old"), ("mobilenet_v1", 16, "bf16"), ("resnet18", 8, "new"),
-        ("resnet18", 1, "new"), ("resnet18", 8, "old"), ("resnet18", 32, "new"),
+        ("resnet18", 1, "new"), ("resnet18", 8, "xla"), ("resnet18", 8, "old"),
+        ("resnet18", 32, "new"),
         ("mobilenet_v1", 1, "old"), ("resnet18", 1, "old"), ("mobilenet_v1", 64, "old"),
         ("resnet18", 32, "old")]
-SMOKE = [("mobilenet_v1", 2, "new"), ("mobilenet_v1", 2, "old"), ("resnet18", 1, "bf16")]
+SMOKE = [("mobilenet_v1", 2, "old"), ("resnet18", 1, "bf16")]
 
 
 def machine() -> dict:
@@ -68,13 +73,14 @@ def overrides(model, seeds, lowering, args) -> list[str]:
   clients, batch = args.clients, args.batch
   width = [f"model.width={args.width}"] if args.width else []
   return [
-      "dataset.name=synthetic", "dataset.input_shape=[32, 32, 3]", "dataset.num_classes=10",
+      "dataset.name=synthetic", f"dataset.input_shape=[{args.size}, {args.size}, 3]",
+      "dataset.num_classes=10",
       f"dataset.train_size={clients * batch}", "dataset.test_size=100",
       f"model.name={model}", *width, "method.name=sfl", f"method.batch_size={batch}",
       f"partition.num_clients={clients}", f"run.seeds={seeds}", "optim.lr=0.01",
       "optim.momentum=0.5", "exec.seed_exec=vmap", "exec.client_exec=vmap",
       "exec.progress=false", "exec.compile_cache=off",
-      *(OLD if lowering == "old" else BF16 if lowering == "bf16" else [])]
+      *LOWERINGS[lowering]]
 
 
 def worker(cell: dict, repeats: int, census_calls: bool) -> dict:
@@ -133,6 +139,7 @@ def main():
   ap.add_argument("--clients", type=int, default=10)
   ap.add_argument("--batch", type=int, default=64)
   ap.add_argument("--width", type=float, default=None)
+  ap.add_argument("--size", type=int, default=32, help="image side (32: CIFAR)")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--cells", nargs="*", default=None,
                   help="MODEL:SEEDS:LOWERING cells instead of the grid")
@@ -147,13 +154,13 @@ def main():
     print("RESULT " + json.dumps(worker(cell, cell["repeats"], cell["census"])), flush=True)
     return
   if args.smoke:
-    args.clients, args.batch, args.width, args.repeats = 2, 8, 0.125, 1
+    args.clients, args.batch, args.width, args.repeats, args.size = 2, 8, 0.125, 1, 16
   grid = ([tuple(c.split(":")) for c in args.cells] if args.cells
           else SMOKE if args.smoke else GRID)
   # the parent starts no backend (a GPU context of its own would hold memory):
   # the machine comes from the cells
   res = {"machine": None, "clients": args.clients, "batch": args.batch,
-         "width": args.width, "rows": [],
+         "width": args.width, "size": args.size, "rows": [],
          "command": "python benchmarks/fill.py " + " ".join(sys.argv[1:])}
   os.makedirs(args.out, exist_ok=True)
   partial = os.path.join(args.out, "fill-partial.json")

@@ -7,19 +7,19 @@
 # per part and the machine in every JSON.
 #
 # Usage: bash benchmarks/gpu.sh [--smoke] [PART...]
-#   parts: fill kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18
+#   parts: fill seed_kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18
 #          throughput scaling sweep (default: all, in that order; run them one call
 #          each where a call is time-limited; fill first: it sets the GPU defaults)
 #   --smoke: the same scripts at toy sizes on any backend (the test suite runs
 #          it on the CPU); vs_torch is skipped where torch is not installed.
 # Env: OUT (benchmarks/results/gpu-<host>-<date>), PYTHON (python), LIMIT (540 s a part),
-#      DEADLINE (fill, kernels: no cell started after it; 400 s).
+#      DEADLINE (fill, seed_kernels: no cell started after it; 400 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 smoke=0
 if [[ ${1:-} == --smoke ]]; then smoke=1; shift; fi
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(fill kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl
+[[ ${#parts[@]} -gt 0 ]] || parts=(fill seed_kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl
                                    vs_torch_resnet18 throughput scaling sweep)
 # The benchmarks import jsfl from this checkout whether or not it is installed.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -81,11 +81,11 @@ for p in "${parts[@]}"; do
         # telling cells first, none started after DEADLINE (default 400 s)
         part fill fill.py --deadline "${DEADLINE:-400}" --cell-timeout 180
       fi ;;
-    kernels)  # the server visit alone under each lowering (benchmarks/seed_kernels.py)
+    seed_kernels)  # the server visit alone under each lowering (benchmarks/seed_kernels.py)
       if ((smoke)); then
-        part kernels seed_kernels.py --smoke
+        part seed_kernels seed_kernels.py --smoke
       else
-        part kernels seed_kernels.py --deadline "${DEADLINE:-400}"
+        part seed_kernels seed_kernels.py --deadline "${DEADLINE:-400}"
       fi ;;
     sweep)  # 45 runs (3 lr x 3 Dirichlet alpha x 5 seeds) as slots vs one program per cell
       if ((smoke)); then
@@ -94,7 +94,7 @@ for p in "${parts[@]}"; do
       else
         part sweep sweep.py --rounds 5 --train-size 60000 --test-size 10000
       fi ;;
-    *) echo "unknown part '$p'; allowed: fill kernels vs_torch_mobilenet" \
+    *) echo "unknown part '$p'; allowed: fill seed_kernels vs_torch_mobilenet" \
             "vs_torch_mobilenet_multisfl vs_torch_resnet18 throughput scaling sweep" >&2
        exit 2 ;;
   esac

@@ -14,7 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # One call per part (as on a time-limited GPU machine), so the test runner
 # spreads them over its workers.
-@pytest.mark.parametrize("part", ["throughput", "scaling", "sweep", "vs_torch_resnet18"])
+@pytest.mark.parametrize("part", ["fill", "seed_kernels", "throughput", "scaling", "sweep",
+                                  "vs_torch_resnet18"])
 def test_gpu_script_smoke(tmp_path, part):
   env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "LIMIT": "300",
          "JAX_PLATFORMS": "cpu"}
