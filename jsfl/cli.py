@@ -427,7 +427,7 @@ def main(argv=None) -> int:
 
 
 def _dispatch(argv=None) -> int:
-  from jsfl.train.allocator import configure
+  from jsfl.allocator import configure
   configure()  # before the command's first JAX call starts the backend
   parser = _parser()
   # key=value pairs may follow --flags; argparse alone would reject them there.

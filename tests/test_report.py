@@ -176,6 +176,19 @@ def test_runs_are_grouped_by_the_fields_that_differ_and_seeds_are_pooled(tmp_pat
   assert "run.name" not in rep.shared and "exec.client_exec" not in rep.shared
 
 
+def test_bfloat16_runs_are_their_own_rows(tmp_path):
+  """exec.precision changes what a run computes: bfloat16 runs are a row of
+  their own, float32 ones pool with runs from before the key existed."""
+  write_run(tmp_path / "old", {"run.name": "old"})
+  write_run(tmp_path / "f32", {"exec.precision": "float32", "run.seed": 2},
+            records=make_records({2: SERIES[0], 3: SERIES[1]}))
+  write_run(tmp_path / "bf16", {"exec.precision": "bfloat16"})
+  rep = report.build_report([str(tmp_path)])
+  assert rep.columns == ["method.name", "exec.precision"]
+  assert sorted((r.group.values.get("exec.precision"), r.seeds) for r in rep.rows) == \
+      [("-", 4), ("bfloat16", 2)]
+
+
 def test_varying_fields_become_columns_partition_options_beside_partition(tmp_path):
   write_run(tmp_path / "r1", {"method.order": "random", "partition.p": 0.6})
   write_run(tmp_path / "r2", {"method.order": "cyclic", "partition.p": 0.8})

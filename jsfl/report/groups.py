@@ -21,9 +21,12 @@ from jsfl.statistics import (
 # them, or predate them, are one group.
 IGNORED_FIELDS = frozenset({"run.name", "run.out_dir", "run.dir", "run.seed", "run.seeds",
                             "run.trackers", "run.profile", "run.divergence_loss",
-                            "dataset.data_dir", "dataset.download", "model.conv_impl",
-                            "model.eval_conv_impl", "model.depthwise_impl"})
+                            "dataset.data_dir", "dataset.download", "dataset.path",
+                            "model.conv_impl", "model.eval_conv_impl",
+                            "model.depthwise_impl"})
 IGNORED_SECTIONS = ("exec",)
+# exec keys that change what a run computes, not only how it runs
+COMPARED_EXEC_FIELDS = frozenset({"exec.precision"})
 MISSING = "-"  # a config field a run does not have (e.g. another method's option)
 
 
@@ -45,11 +48,13 @@ def flat_config(run: Run) -> dict[str, Any]:
     return {"run.path": run.path}  # nothing to compare: the run is its own group
   flat = {}
   for section, values in run.config.items():
-    if section in IGNORED_SECTIONS or not isinstance(values, dict):
+    if not isinstance(values, dict):
       continue
     for k, v in values.items():
       key = f"{section}.{k}"
-      if key not in IGNORED_FIELDS:
+      if section in IGNORED_SECTIONS and key not in COMPARED_EXEC_FIELDS:
+        continue
+      if key not in IGNORED_FIELDS and not (key in COMPARED_EXEC_FIELDS and v == "float32"):
         flat[key] = _hashable(v)
   if "model.cut" in flat and isinstance(run.resolved.get("cut"), int):
     flat["model.cut"] = run.resolved["cut"]

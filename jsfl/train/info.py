@@ -12,9 +12,10 @@ import sys
 
 import jax
 
+from jsfl import allocator
 from jsfl.core import sharding
 from jsfl.models import layers
-from jsfl.train import allocator, compile_cache
+from jsfl.train import compile_cache
 from jsfl.train.evaluate import eval_chunk
 from jsfl.train.lifecycle import versions
 from jsfl.train.programs import default_client_exec, default_client_pass, default_seed_exec
