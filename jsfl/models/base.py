@@ -29,6 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jsfl.models import inits, layers
+from jsfl.models.shapes import InputTooSmall, check_input_size
+
+__all__ = ["InputTooSmall", "StagedModel", "check_input_size", "count_params", "get_model",
+           "model_factory", "model_names", "register"]
+
 Params = tuple  # tuple[dict, ...], one per stage
 Stats = tuple
 
@@ -136,7 +142,6 @@ class StagedModel:
 
   def init(self, key: jax.Array) -> tuple[Params, Stats]:
     """Fresh ``(params, stats)``; traceable, so it can be vmapped over seeds."""
-    from jsfl.models import inits  # it imports the layers, which import this module
     k_build, k_init = jax.random.split(key)
     stages = self.build(nnx.Rngs(params=k_build))
     inits.apply(self.init_scheme, stages, k_init)
@@ -206,35 +211,6 @@ def _cast(tree, precision: str):
                       if jnp.issubdtype(jnp.result_type(a), jnp.floating) else a, tree)
 
 
-class InputTooSmall(ValueError):
-  """A layer whose input the model's downsampling has shrunk to nothing."""
-
-
-def check_input_size(name: str, input_shape, spatial: Callable[[int], int]) -> None:
-  """Raises a ValueError when ``input_shape`` is too small for the model.
-
-  Args:
-    name: model name, for the message.
-    input_shape: ``(H, W, C)`` of one sample.
-    spatial: the model's feature-map side at its dense layers as a function
-      of the input side (non-decreasing); at least 1 for a usable input.
-
-  Raises:
-    ValueError: naming the model, the shape and the smallest H and W that
-      work (where the model's downsampling would leave no pixels, which
-      would otherwise end in a ZeroDivisionError while building it).
-  """
-  h, w = int(input_shape[0]), int(input_shape[1])
-  fh, fw = spatial(h), spatial(w)
-  if fh >= 1 and fw >= 1:
-    return
-  smallest = next(s for s in range(1, 1 << 16) if spatial(s) >= 1)
-  raise ValueError(
-      f"{name}: input_shape={tuple(input_shape)!r} is too small (its "
-      f"downsampling leaves {max(fh, 0)}x{max(fw, 0)} pixels); allowed: H and "
-      f"W at least {smallest}")
-
-
 _REGISTRY: dict[str, Callable[..., StagedModel]] = {}
 
 
@@ -267,16 +243,13 @@ def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
   ValueError, as does an input too small for it."""
   if name not in _REGISTRY:
     raise ValueError(f"model={name!r}; allowed: {', '.join(model_names())}")
-  from jsfl.models.inits import INITS
-  if init not in INITS:
-    raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
-  from jsfl.models.layers import EVAL_CONV_IMPLS
-  if eval_conv_impl not in EVAL_CONV_IMPLS:
+  if init not in inits.INITS:
+    raise ValueError(f"init={init!r}; allowed: {', '.join(inits.INITS)}")
+  if eval_conv_impl not in layers.EVAL_CONV_IMPLS:
     raise ValueError(f"eval_conv_impl={eval_conv_impl!r}; allowed: "
-                     f"{', '.join(EVAL_CONV_IMPLS)}")
-  from jsfl.models.layers import PADDING_MODES
-  if padding not in PADDING_MODES:
-    raise ValueError(f"padding={padding!r}; allowed: {', '.join(PADDING_MODES)}")
+                     f"{', '.join(layers.EVAL_CONV_IMPLS)}")
+  if padding not in layers.PADDING_MODES:
+    raise ValueError(f"padding={padding!r}; allowed: {', '.join(layers.PADDING_MODES)}")
   if precision not in PRECISIONS:
     raise ValueError(f"precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
   try:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from jsfl.models.base import InputTooSmall
+from jsfl.models.shapes import InputTooSmall
 
 ConvImpl = Literal["xla", "im2col"]
 DepthwiseImpl = Literal["grouped", "shifts"]
@@ -557,6 +557,23 @@ class Dense(nnx.Module):
 
   def __call__(self, x, *, train: bool = False, mask=None):
     return self.linear(x.reshape(x.shape[0], -1))
+
+
+class NormRelu(nnx.Module):
+  """norm - relu (a stem's normalisation as a stage of its own)."""
+
+  def __init__(self, channels, *, norm, rngs):
+    self.norm = Norm2d(channels, norm, rngs=rngs)
+
+  def __call__(self, x, *, train=False, mask=None):
+    return jax.nn.relu(self.norm(x, train=train, mask=mask))
+
+
+class GlobalAvgPool(nnx.Module):
+  """Mean over the spatial axes; no parameters."""
+
+  def __call__(self, x, *, train=False, mask=None):
+    return avg_pool_global(x)
 
 
 def max_pool(x, window: int = 2, stride: int | None = None):

@@ -56,7 +56,6 @@ from flax import nnx
 
 from jsfl.models import layers
 from jsfl.models.base import StagedModel, register
-from jsfl.models.resnet18 import GlobalAvgPool, NormRelu
 
 # (bottleneck width m, blocks, first stride) of the four groups; each block
 # outputs 4m channels.
@@ -148,7 +147,7 @@ def resnet101(input_shape, num_classes, *, norm: str = "batch",
     stages = [
         layers.Conv(cin, ch(64), 3, impl=conv_impl, use_bias=norm == "none",
                     rngs=rngs),
-        NormRelu(ch(64), norm=norm, rngs=rngs),
+        layers.NormRelu(ch(64), norm=norm, rngs=rngs),
     ]
     c = ch(64)
     for m, stride in blocks():
@@ -156,7 +155,7 @@ def resnet101(input_shape, num_classes, *, norm: str = "batch",
       stages.append(Bottleneck(c, ch(m), cout, stride, norm=norm,
                                conv_impl=conv_impl, rngs=rngs))
       c = cout
-    stages += [GlobalAvgPool(), layers.Dense(c, num_classes, rngs=rngs)]
+    stages += [layers.GlobalAvgPool(), layers.Dense(c, num_classes, rngs=rngs)]
     return stages
 
   return StagedModel("resnet101", build, tuple(input_shape), num_classes,

@@ -48,16 +48,6 @@ BLOCKS = ((64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
 CUTS = {"shallow": 2, "mid": 6, "deep": 10}
 
 
-class NormRelu(nnx.Module):
-  """norm - relu (the stem's BatchNorm is a stage of its own)."""
-
-  def __init__(self, channels, *, norm, rngs):
-    self.norm = layers.Norm2d(channels, norm, rngs=rngs)
-
-  def __call__(self, x, *, train=False, mask=None):
-    return jax.nn.relu(self.norm(x, train=train, mask=mask))
-
-
 class BasicBlock(nnx.Module):
   """Two 3x3 convs with an identity or 1x1-projection shortcut."""
 
@@ -83,13 +73,6 @@ class BasicBlock(nnx.Module):
     if self.proj is not None:
       x = self.proj_norm(self.proj(x), train=train, mask=mask)
     return jax.nn.relu(x + y)
-
-
-class GlobalAvgPool(nnx.Module):
-  """Mean over the spatial axes; no parameters."""
-
-  def __call__(self, x, *, train=False, mask=None):
-    return layers.avg_pool_global(x)
 
 
 def stage_names() -> tuple[str, ...]:
@@ -132,14 +115,14 @@ def resnet18(input_shape, num_classes, *, norm: str = "batch",
     stages = [
         layers.Conv(cin, ch(64), 3, impl=conv_impl, use_bias=norm == "none",
                     rngs=rngs),
-        NormRelu(ch(64), norm=norm, rngs=rngs),
+        layers.NormRelu(ch(64), norm=norm, rngs=rngs),
     ]
     c = ch(64)
     for cout, stride in BLOCKS:
       stages.append(BasicBlock(c, ch(cout), stride, norm=norm,
                                conv_impl=conv_impl, rngs=rngs))
       c = ch(cout)
-    stages += [GlobalAvgPool(), layers.Dense(c, num_classes, rngs=rngs)]
+    stages += [layers.GlobalAvgPool(), layers.Dense(c, num_classes, rngs=rngs)]
     return stages
 
   return StagedModel("resnet18", build, tuple(input_shape), num_classes,
