@@ -174,3 +174,50 @@ def test_same_seed_is_bitwise_reproducible():
   b, lb = train_runs(["run.seeds=2"])
   chex.assert_trees_all_equal(a, b)
   np.testing.assert_array_equal(la, lb)
+
+
+ALGORITHM_CLASSES = ("jsfl.engine.split.SplitAlgorithm", "jsfl.engine.parallel.ParallelAlgorithm",
+                     "jsfl.engine.sequential.SequentialAlgorithm")
+
+
+@pytest.mark.parametrize("name", sorted(__import__("jsfl.methods.catalog",
+                                                   fromlist=["METHODS"]).METHODS))
+def test_every_method_builds_its_algorithm_once_per_run(name, monkeypatch):
+  """A run builds its method's algorithm once (``Method.rounds``): tracing
+  two rounds constructs no engine algorithm and calls ``build`` no more;
+  the hooks read the state as an argument instead of closing over it."""
+  import dataclasses
+  import importlib
+
+  from conftest import make_fed_data
+  from loop_reference import make_setup, tiny_model
+
+  from jsfl.methods.catalog import get_method
+  made = []
+  for path in ALGORITHM_CLASSES:
+    mod, cls_name = path.rsplit(".", 1)
+    cls = getattr(importlib.import_module(mod), cls_name)
+    def counted(self, *a, _init=cls.__init__, **k):
+      made.append(type(self).__name__)
+      _init(self, *a, **k)
+    monkeypatch.setattr(cls, "__init__", counted)
+  method = get_method(name)
+  builds = []
+
+  def build(setup):
+    builds.append(setup)
+    return method.build(setup)
+
+  counting = dataclasses.replace(method, build=build)
+  data = make_fed_data([6, 4, 5, 7], dominant=np.arange(4, dtype=np.int32) % 4)
+  opts = method.options(num_teachers=2) if name == "sfedkd" else method.options()
+  setup = make_setup(tiny_model(), data, clients_per_round=3, order="cyclic", options=opts)
+  alg = counting.rounds(setup)
+  built = list(made)
+  assert built or name in ("multihead", "splitnn"), "the counter sees the engine algorithms"
+  key = jax.random.key(0)
+  state = alg.init(key)
+  jax.make_jaxpr(lambda s, k: alg.round(alg.round(s, data, k)[0], data,
+                                        jax.random.fold_in(k, 1)))(state, key)
+  assert len(builds) == 1
+  assert made == built, f"{name} built {made[len(built):]} while tracing rounds"

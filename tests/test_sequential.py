@@ -11,6 +11,7 @@ indexing, weighting or masking shows up as a mismatch.
 
 import functools
 import itertools
+import types
 
 import chex
 import jax
@@ -484,8 +485,8 @@ def test_loss_term_gradient_is_added_to_the_step(mod):
   opt = with_lr(tx.init(shifted), 0.1)
   idx, mask = jnp.arange(8), jnp.ones((8,), bool)
   x, y = gather(data, idx)
-  aux = (fedprox.make_aux(opts.mu) if mod is fedprox
-         else fedntd.make_aux(setup, opts.beta, opts.tau))
+  term = fedprox.client_term if mod is fedprox else fedntd.client_term(setup)
+  aux = parallel.bound(term, types.SimpleNamespace(options=opts))
   got = jax.jit(lambda: parallel.local_step(setup, tx, data, shifted, s0, opt, idx, mask,
                                             aux, parallel.Client(p0, s0))[0])()
   plain = jax.jit(lambda: parallel.local_step(setup, tx, data, shifted, s0, opt, idx,

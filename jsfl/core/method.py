@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -13,17 +14,26 @@ from jsfl.models.base import StagedModel
 from jsfl.options import NoOptions
 
 
+class Algorithm(Protocol):
+  """What a method builds once per run (fedjax's ``FederatedAlgorithm``):
+  ``init(key) -> state`` and ``round(state, data, key) -> (state, metrics)``,
+  both pure and traceable; the run maps them over its slots and jits them."""
+
+  def init(self, key: jax.Array) -> Any: ...
+
+  def round(self, state: Any, data: Any, key: jax.Array) -> tuple[Any, dict]: ...
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Method:
   """A method as a value: the ``METHOD`` of its module in ``jsfl/methods/``,
   known by the module's name (``jsfl.methods.catalog``).
 
-  * ``init(setup, key) -> state``: a pytree;
-  * ``round(setup, state, data, key) -> (state, metrics)``: one round, pure
-    and jittable; the runner maps it over the seed axis and jits it once.
-    ``METHOD.round``'s metrics always hold the round's ``bytes_up`` /
-    ``bytes_down``: the round's own count when it returns one (MultiSFL's
-    replay traffic), else ``communication`` of its ``samples``;
+  * ``build(setup) -> Algorithm``: the method's algorithm for a run, built
+    once (:class:`Algorithm`); :meth:`rounds` is it with the round's traffic
+    in its metrics: ``bytes_up`` / ``bytes_down``, the round's own count
+    when it returns one (MultiSFL's replay traffic), else
+    ``communication`` of its ``samples``;
   * ``output_model(setup, state) -> (params, stats)``: the model evaluated;
   * ``communication(setup, samples) -> (bytes_up, bytes_down)`` of a round
     from its processed-sample count (a Python int, or a traced float32 inside
@@ -38,10 +48,12 @@ class Method:
     cyclic processing orders (per-position accuracy);
   * ``options``: the method's option set (:func:`jsfl.options.option_set`),
     its own ``[method]`` keys; a run's ``Setup.options`` is an instance.
+
+  ``init(setup, key)`` and ``round(setup, state, data, key)`` build the
+  algorithm on each call: conveniences for tools and tests, not for a run.
   """
 
-  init: Callable
-  round: Callable
+  build: Callable[[Setup], Algorithm]
   output_model: Callable
   communication: Callable
   predict: Callable | None = None
@@ -50,21 +62,54 @@ class Method:
   label_rank: Callable | None = None
   options: type = NoOptions
 
-  def __post_init__(self):
-    object.__setattr__(self, "round", _counting_bytes(self.round, self.communication))
+  def rounds(self, setup: Setup) -> Algorithm:
+    """The run's algorithm (built once), its round counting its traffic."""
+    return CountingBytes(self.build(setup), setup, self.communication)
+
+  def init(self, setup: Setup, key):
+    return self.build(setup).init(key)
+
+  def round(self, setup: Setup, state, data, key):
+    return self.rounds(setup).round(state, data, key)
 
 
-def _counting_bytes(round_fn: Callable, communication: Callable) -> Callable:
-  """``round_fn`` whose metrics carry the round's bytes up and down (float32:
-  a long round's traffic exceeds int32)."""
-  def round_with_bytes(setup, state, data, key):
-    state, metrics = round_fn(setup, state, data, key)
+@dataclasses.dataclass(frozen=True)
+class CountingBytes:
+  """``algorithm`` whose round's metrics carry the round's bytes up and down
+  (float32: a long round's traffic exceeds int32)."""
+
+  algorithm: Algorithm
+  setup: Setup
+  communication: Callable
+
+  def init(self, key):
+    return self.algorithm.init(key)
+
+  def round(self, state, data, key):
+    state, metrics = self.algorithm.round(state, data, key)
     if "bytes_up" not in metrics:
-      up, down = communication(setup, metrics["samples"].astype(jnp.float32))
+      up, down = self.communication(self.setup, metrics["samples"].astype(jnp.float32))
       metrics = {**metrics, "bytes_up": jnp.asarray(up, jnp.float32),
                  "bytes_down": jnp.asarray(down, jnp.float32)}
     return state, metrics
-  return round_with_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Functions:
+  """An :class:`Algorithm` from a method's module-level
+  ``init(setup, key)`` and ``round(setup, state, data, key)``: for methods
+  whose round builds nothing (FedAvg and the parallel family's hooks close
+  over the setup alone)."""
+
+  setup: Setup
+  init_fn: Callable
+  round_fn: Callable
+
+  def init(self, key):
+    return self.init_fn(self.setup, key)
+
+  def round(self, state, data, key):
+    return self.round_fn(self.setup, state, data, key)
 
 
 def label_rank_of(state):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from jsfl.core import batching
-from jsfl.core.data import hyper
+from jsfl.core.data import hyper, round_options
 from jsfl.core.optim import make_optimizer, round_lr, with_lr
 from jsfl.core.setup import Setup
 
@@ -33,6 +33,10 @@ class RoundPlan(NamedTuple):
   order_key: jax.Array  # for the processing order of sequential methods
   tx: optax.GradientTransformation
   lr: jax.Array         # this round's decayed learning rate
+  options: Any = None   # the method's option set as this round sees it
+                        # (jsfl.core.data.round_options: batchable values traced)
+  context: Any = None   # what a method's planner derives from the round's
+                        # data for its hooks (Hydra: each participant's head)
 
 
 def plan_round(setup: Setup, data, key, round_idx) -> RoundPlan:
@@ -47,7 +51,7 @@ def plan_round(setup: Setup, data, key, round_idx) -> RoundPlan:
   tx = make_optimizer(setup.momentum, setup.weight_decay)
   hp = hyper(setup, data)
   lr = round_lr(hp.lr, hp.lr_decay, hp.lr_min, round_idx, setup.lr_decay_start)
-  return RoundPlan(clients, sizes, idx, mask, k_order, tx, lr)
+  return RoundPlan(clients, sizes, idx, mask, k_order, tx, lr, round_options(setup, data))
 
 
 def fresh_opt_states(plan: RoundPlan, stacked_params):

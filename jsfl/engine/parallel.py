@@ -4,19 +4,24 @@ FedAvg (McMahan et al., "Communication-Efficient Learning of Deep Networks
 from Decentralized Data", AISTATS 2017): every participant trains the whole
 model from the global one for ``local_epochs`` epochs and the server takes the
 sample-weighted mean.  FedProx, FedCurv and FedNTD (the parallel baselines of
-SFedKD's paper) are the same round whose clients minimise ``CE + extra``;
-:func:`parallel_round` takes the variation as hooks:
+SFedKD's paper) are the same round whose clients minimise ``CE + term``: a
+method is a :class:`ParallelAlgorithm`, built once per run, whose hooks
+receive what they read:
 
-* ``aux(p, batch, client) -> scalar``: the extra loss term of one client on
-  one batch (batch-mean, like the cross-entropy), differentiated with it;
-* ``ctx_fn(plan, state) -> pytree``: per-client context with a leading
-  client axis (e.g. FedCurv's Fisher sums without the client's own term);
-* ``after(plan, state, params, stats, data) -> extra``: the method state
-  carried to the next round, computed from the clients' trained models.
+* ``client_term(plan, params, batch, client) -> scalar``: the extra loss
+  term of one client on one batch (batch-mean, like the cross-entropy),
+  differentiated with it (:class:`Batch`, :class:`Client`);
+* ``client_context(state, plan) -> pytree``: per-client context with a
+  leading client axis (e.g. FedCurv's Fisher sums without the client's own
+  term), the ``ctx`` of each :class:`Client`;
+* ``next_extra(state, plan, params, stats, data) -> extra``: the method
+  state carried to the next round (``State.extra``), computed from the
+  clients' trained models.
 
 With no hooks the round is FedAvg (``jsfl.methods.fedavg``).
-:func:`train_client`, :func:`client_loss` and :class:`Client` are shared
-with the sequential methods (``jsfl.methods.fedseq``).
+:func:`client_training` (one client's local epochs), :class:`Batch` and
+:class:`Client` are shared with the sequential engine
+(:mod:`jsfl.engine.sequential`).
 
 Loop order (``exec.client_exec``), the same values either way since clients
 are independent within a round:
@@ -27,13 +32,15 @@ are independent within a round:
 * ``map`` / ``unroll``: clients outer (a rolled ``lax.map`` or an unrolled
   loop), each client scanning its own batch steps and skipping the empty
   padded ones with ``lax.cond``; on a CPU, under skewed partitions, a small
-  client's padded steps then cost nothing (``benchmarks/results/``
-  ``parallel_order-*.json`` has the measurement behind the CPU default).
+  client's padded steps then cost nothing (the measurement behind the CPU
+  default is in ``benchmarks/README.md``, ``multisfl_vs_authors.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -45,10 +52,10 @@ from jsfl.core.data import gather
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.method import portion_bytes
 from jsfl.core.optim import with_lr
-from jsfl.core.plan import fresh_opt_states, plan_round, round_metrics
+from jsfl.core.plan import RoundPlan, fresh_opt_states, plan_round, round_metrics
+from jsfl.core.portion import Portion
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, weighted_mean
-from jsfl.engine.split import Portion
 from jsfl.engine.steps import live_steps, scan_live
 
 
@@ -82,9 +89,36 @@ class Client(NamedTuple):
 
 
 def zero_aux(p, batch: Batch, client: Client):
-  """The FedAvg loss term: none."""
+  """No loss term (a bound term's form: ``(params, batch, client)``)."""
   del p, batch, client
   return jnp.zeros((), jnp.float32)
+
+
+class ClientTerm(Protocol):
+  def __call__(self, plan: RoundPlan, params: Any, batch: Batch,
+               client: Client) -> jax.Array: ...
+
+
+class ClientContext(Protocol):
+  def __call__(self, state: Any, plan: RoundPlan) -> Any: ...
+
+
+class NextExtra(Protocol):
+  def __call__(self, state: Any, plan: RoundPlan, params: Any, stats: Any,
+               data: Any) -> Any: ...
+
+
+def no_term(plan: RoundPlan, params: Any, batch: Batch, client: Client) -> jax.Array:
+  """FedAvg's loss term: none."""
+  del plan
+  return zero_aux(params, batch, client)
+
+
+def bound(term: ClientTerm, plan: RoundPlan):
+  """``term`` for one round: ``(params, batch, client) -> scalar``."""
+  if term is no_term:
+    return zero_aux
+  return lambda p, batch, client: term(plan, p, batch, client)
 
 
 def client_loss(setup: Setup, params, stats, x, y, mask, aux, client: Client | None, idx):
@@ -128,8 +162,8 @@ def local_step(setup: Setup, tx, data, params, stats, opt_state, idx, mask,
   return params, stats, opt_state, jnp.stack([ce, extra]) * jnp.sum(mask)
 
 
-def train_client(setup: Setup, plan, data, params, stats, idx, mask,
-                 aux=zero_aux, client: Client | None = None):
+def client_training(setup: Setup, plan, data, params, stats, idx, mask,
+                    aux=zero_aux, client: Client | None = None):
   """One client's local epochs: a scan over its ``T`` padded batch steps.
 
   A step whose batch is empty is skipped with ``lax.cond``: where clients
@@ -143,7 +177,7 @@ def train_client(setup: Setup, plan, data, params, stats, idx, mask,
     data: device data.
     params, stats: the model the client receives.
     idx, mask: ``(T, B)`` its batches (``local_epochs`` epochs concatenated).
-    aux: loss term ``aux(p, batch, client)``.
+    aux: the round's loss term ``aux(p, batch, client)`` (:func:`bound`).
     client: what ``aux`` may use (see :class:`Client`).
 
   Returns:
@@ -170,10 +204,10 @@ def train_client(setup: Setup, plan, data, params, stats, idx, mask,
   return params, stats, jnp.sum(sums, axis=0)
 
 
-def train_clients_per_step(setup: Setup, plan, data, params, stats, aux=zero_aux,
-                           ctx=None, start=None):
+def _steps_outer(setup: Setup, plan, data, params, stats, aux=zero_aux,
+                 ctx=None, start=None):
   """All participants' local training, batch steps outer, clients vmapped
-  per step (``client_exec = "vmap"``); arguments as :func:`train_clients`."""
+  per step (``client_exec = "vmap"``); arguments as :func:`participants_training`."""
   if start is None:
     start = jax.tree.map(lambda a: a[0], (params, stats))
   opt = fresh_opt_states(plan, params)
@@ -192,12 +226,12 @@ def train_clients_per_step(setup: Setup, plan, data, params, stats, aux=zero_aux
   return params, stats, jnp.sum(sums, axis=0)
 
 
-def train_clients(setup: Setup, plan, data, params, stats, aux=zero_aux,
-                  ctx=None, start=None):
+def _clients_outer(setup: Setup, plan, data, params, stats, aux=zero_aux,
+                   ctx=None, start=None):
   """All participants' local training from their stacked starting models.
 
   Clients are the outer loop (``map_clients`` with ``setup.client_exec``)
-  and each runs :func:`train_client` over its own batch steps; clients are
+  and each runs :func:`client_training` over its own batch steps; clients are
   independent within a parallel round, so this equals FedAvg's
   steps-outer / clients-inner order.  With ``client_exec = "map"`` the
   padded steps of small clients are skipped (on a 2-core CPU with ExDir
@@ -223,38 +257,57 @@ def train_clients(setup: Setup, plan, data, params, stats, aux=zero_aux,
   mask = jnp.swapaxes(plan.mask, 0, 1)
 
   def one(p, s, i, m, c):
-    return train_client(setup, plan, data, p, s, i, m, aux,
-                        Client(start[0], start[1], c))
+    return client_training(setup, plan, data, p, s, i, m, aux,
+                           Client(start[0], start[1], c))
 
   params, stats, sums = map_clients(one, setup.client_exec, params, stats, idx,
                                     mask, ctx)
   return params, stats, jnp.sum(sums, axis=0)
 
 
-def train_participants(setup: Setup, plan, data, params, stats, aux=zero_aux, ctx=None,
-                       start=None):
+def participants_training(setup: Setup, plan, data, params, stats, aux=zero_aux, ctx=None,
+                          start=None):
   """The participants' local training in the client loop ``client_exec``
   asks for: steps outer with the clients vmapped per step (``vmap``), or
   clients outer (``map`` / ``unroll``); the same values either way.
-  Arguments and result as :func:`train_clients`."""
-  train = train_clients_per_step if setup.client_exec == "vmap" else train_clients
+
+  Args:
+    setup: static run description.
+    plan: the round's :class:`~jsfl.core.plan.RoundPlan`.
+    data: device data.
+    params, stats: stacked (leading client axis) starting models.
+    aux: the round's loss term (:func:`bound`).
+    ctx: per-client context with a leading client axis, or None.
+    start: ``(params, stats)`` of the global model the clients received
+      (``Client.start``); None takes client 0's.
+
+  Returns:
+    ``(params, stats, sums)``: trained stacked models and ``[ce, extra]``
+    loss sums over the round.
+  """
+  train = _steps_outer if setup.client_exec == "vmap" else _clients_outer
   return train(setup, plan, data, params, stats, aux, ctx, start)
 
 
-def parallel_round(setup: Setup, state: State, data, key, *, aux=zero_aux,
-                   ctx_fn=None, after=None):
+@dataclasses.dataclass(frozen=True)
+class ParallelAlgorithm:
+  """A parallel method's round: FedAvg's with the hooks of the module
+  docstring, built once per run."""
+
+  client_term: ClientTerm = no_term
+  client_context: ClientContext | None = None
+  next_extra: NextExtra | None = None
+
+
+def run_round(alg: ParallelAlgorithm, setup: Setup, state: State, data, key):
   """One FedAvg-style round with the method's hooks.
 
   Args:
+    alg: the method's hooks.
     setup: static run description.
     state: :class:`State`.
     data: the round's ``RoundData``.
     key: this round's PRNG key.
-    aux: loss term ``aux(p, batch, client)``.
-    ctx_fn: ``ctx_fn(plan, state)`` -> per-client context (leading client
-      axis), or None.
-    after: ``after(plan, state, params, stats, data)`` -> the next
-      ``state.extra`` from the stacked trained models, or None to keep it.
 
   Returns:
     ``(state, metrics)``: sample-weighted average model; metrics ``loss``
@@ -265,15 +318,33 @@ def parallel_round(setup: Setup, state: State, data, key, *, aux=zero_aux,
   n = setup.clients_per_round
   params = broadcast(state.params, n)
   stats = broadcast(state.stats, n)
-  ctx = None if ctx_fn is None else ctx_fn(plan, state)
-  params, stats, sums = train_participants(setup, plan, data, params, stats, aux, ctx,
-                                           (state.params, state.stats))
-  extra = state.extra if after is None else after(plan, state, params, stats, data)
+  ctx = None if alg.client_context is None else alg.client_context(state, plan)
+  params, stats, sums = participants_training(setup, plan, data, params, stats,
+                                              bound(alg.client_term, plan), ctx,
+                                              (state.params, state.stats))
+  extra = (state.extra if alg.next_extra is None
+           else alg.next_extra(state, plan, params, stats, data))
   new = State(weighted_mean(params, plan.sizes),
               weighted_mean(stats, plan.sizes), state.round + 1, extra)
   metrics = round_metrics(plan, sums[0])
   metrics["reg_loss"] = sums[1] / jnp.maximum(metrics["samples"], 1)
   return new, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelRounds:
+  """A parallel method for one run: its :class:`ParallelAlgorithm`, built
+  once, and the state it starts from (``start(setup, key)``)."""
+
+  setup: Setup
+  algorithm: ParallelAlgorithm
+  start: Callable[[Setup, jax.Array], State]
+
+  def init(self, key):
+    return self.start(self.setup, key)
+
+  def round(self, state, data, key):
+    return run_round(self.algorithm, self.setup, state, data, key)
 
 
 def init_state(setup: Setup, key, extra=()) -> State:

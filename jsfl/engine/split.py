@@ -10,20 +10,33 @@ trained client portions are aggregated.  A method is a
 :class:`SplitAlgorithm`: the same skeleton with its hooks filled in
 (``docs/extending.md`` walks through them):
 
-* ``server_init(plan)``: the server carry at the round's start, any pytree
-  (SFL's part-2, Hydra's part-2a and stacked heads, a part-2 per client);
-* ``server_rule(plan, step)``: how a segment's activations become gradients:
-  a :class:`SequentialServer` (one carry, participant after participant:
-  SFL, Hydra), a :class:`MergedServer` (one update on the concatenated
-  batch: MergeSFL) or a :class:`PerClientServer` (a carry per participant,
-  each participant's whole step in one piece: SplitFedV1/V3, MultiSFL's
-  branches);
-* ``client_init(plan)``: the participants' starting client portions
-  (default: the global part-1 broadcast, fresh optimiser states);
+* ``server_init(state, plan)``: the server carry at the round's start, any
+  pytree (SFL's part-2, Hydra's part-2a and stacked heads, a part-2 per
+  client);
+* ``server_rule(state, plan, step)``: how a segment's activations become
+  gradients: a :class:`SequentialServer` (one carry, participant after
+  participant: SFL, Hydra), a :class:`MergedServer` (one update on the
+  concatenated batch: MergeSFL) or a :class:`PerClientServer` (a carry per
+  participant, each participant's whole step in one piece: SplitFedV1/V3,
+  MultiSFL's branches);
+* ``schedule(setup, state, plan, data)``: the segments of the round and the
+  serving order in each (:func:`label_cycle`, the run's label cycle under
+  ``setup.order``; :func:`batch_steps`, batch step by batch step in
+  ascending participant order);
+* ``client_init(state, plan)``: the participants' starting client portions
+  (default :func:`global_part1`: the global part-1 broadcast, fresh
+  optimiser states); ``client_select`` / ``client_place``: which of them a
+  segment trains and where it goes back (default: all of them, in place);
 * ``client_final(clients, plan)``: the trained client portions to the next
   global part-1 (default: sample-weighted mean; None keeps them apart);
-* ``plan(setup, data, key, round)``: the round's random decisions (default
-  :func:`jsfl.core.plan.plan_round`).
+* ``plan(setup, state, data, key)``: the round's random decisions (default
+  :func:`plan_at_round`: :func:`jsfl.core.plan.plan_round` at ``state.round``); a
+  method's planner may put what it derives from the data into
+  ``RoundPlan.context`` for its other hooks.
+
+A method builds its :class:`SplitAlgorithm` once per run (its hooks close
+over the run's setup, never over a state) and :class:`SplitRounds` runs it:
+``init(key)``, ``round(state, data, key)``.
 
 The server loss is the :func:`server_update` argument of a rule
 (cross-entropy by default).  Every optimiser step is gated on the batch mask
@@ -36,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -133,14 +146,12 @@ class PerClientServer(NamedTuple):
   The participants are independent within a segment, so each one's whole
   step runs in one piece, mapped over the participants (``client_exec``);
   with looped clients a participant without a batch skips its piece
-  outright.  ``piece(setup, tx, client, server_k, x, y, mask, inputs_k) ->
-  (client, server_k, loss_sum)``; ``inputs`` is a pytree with a leading
-  participant axis whose slices reach the piece (None: the participant's
-  position).  :func:`per_client` builds the usual piece from a server step.
+  outright.  ``piece(setup, tx, client, server_k, x, y, mask, k) ->
+  (client, server_k, loss_sum)``, ``k`` the participant's position.
+  :func:`per_client` builds the usual piece from a server step.
   """
 
   piece: Callable
-  inputs: Any = None
 
 
 def client_forward(setup, client: Portion, x, mask):
@@ -149,16 +160,33 @@ def client_forward(setup, client: Portion, x, mask):
                  client.params, has_aux=True)
 
 
-def per_client(step: Callable, inputs=None) -> PerClientServer:
+def per_client(step: Callable) -> PerClientServer:
   """A :class:`PerClientServer` whose piece is part-1 forward, ``step(server_k,
-  act, y, mask, inputs_k) -> (server_k, g_act, loss_sum)``, part-1 backward
-  and the gated client step."""
+  act, y, mask, k) -> (server_k, g_act, loss_sum)``, part-1 backward and the
+  gated client step."""
   def piece(setup, tx, client: Portion, srv, x, y, mask, k):
     act, vjp, ns = client_forward(setup, client, x, mask)
     srv, g_a, lsum = step(srv, act, y, mask, k)
     (g1,) = vjp(g_a)
     return client.step(tx, g1, ns, jnp.any(mask)), srv, lsum
-  return PerClientServer(piece, inputs)
+  return PerClientServer(piece)
+
+
+def part2_copies(state, plan) -> Portion:
+  """Every participant's copy of ``state.part2``, each with a fresh
+  optimiser (SplitFedV1, SplitFedV3)."""
+  n = plan.clients.shape[0]
+  return fresh_stack(plan, broadcast(state.part2, n), broadcast(state.part2_stats, n))
+
+
+def own_part2(setup) -> ServerRule:
+  """Each participant trains its own part-2 copy (SplitFedV1, SplitFedV3)."""
+  def rule(state, plan, step):
+    def one(srv, act, y, mask, _):
+      srv, g_a, lsum, _ = server_update(setup, plan.tx, srv, act, y, mask)
+      return srv, g_a, lsum
+    return per_client(one)
+  return rule
 
 
 # ---------------------------------------------------------------- the round
@@ -171,8 +199,8 @@ class Step(NamedTuple):
   y: jax.Array      # (n, B) labels
   idx: jax.Array    # (n, B) sample indices
   mask: jax.Array   # (n, B)
-  position: jax.Array  # the segment's place in the schedule (a batch step
-                       # with label_rank=None)
+  position: jax.Array  # the segment's place in the schedule (the batch step
+                       # under batch_steps)
 
 
 def sample_weighted(clients: Portion, plan):
@@ -187,22 +215,80 @@ def uniform(clients: Portion, plan):
   return weighted_mean(clients.params, w), weighted_mean(clients.stats, w)
 
 
+class ServerInit(Protocol):
+  def __call__(self, state: Any, plan: RoundPlan) -> Any: ...
+
+
+class ServerRule(Protocol):
+  def __call__(self, state: Any, plan: RoundPlan,
+               step: Step) -> SequentialServer | MergedServer | PerClientServer: ...
+
+
+class Schedule(Protocol):
+  def __call__(self, setup, state: Any, plan: RoundPlan, data) -> schedule.Schedule: ...
+
+
+class ClientInit(Protocol):
+  def __call__(self, state: Any, plan: RoundPlan) -> Portion: ...
+
+
+class ClientFinal(Protocol):
+  def __call__(self, clients: Portion, plan: RoundPlan) -> tuple[Any, Any]: ...
+
+
+class ClientSelect(Protocol):
+  def __call__(self, clients: Portion, plan: RoundPlan, step: Step) -> Portion: ...
+
+
+class ClientPlace(Protocol):
+  def __call__(self, clients: Portion, current: Portion, plan: RoundPlan,
+               step: Step) -> Portion: ...
+
+
+class Planner(Protocol):
+  def __call__(self, setup, state: Any, data, key: jax.Array) -> RoundPlan: ...
+
+
+def plan_at_round(setup, state, data, key) -> RoundPlan:
+  """The default planner: :func:`jsfl.core.plan.plan_round` at the round
+  ``state.round``."""
+  return plan_round(setup, data, key, state.round)
+
+
+def label_cycle(setup, state, plan: RoundPlan, data) -> schedule.Schedule:
+  """The sequential server's schedule: ``setup.order`` over the run's label
+  cycle ``state.label_rank`` under ``setup.order_rule``."""
+  return schedule.round_schedule(setup, plan.order_key, plan.mask, plan.clients,
+                                 data.dominant, state.label_rank)
+
+
+def batch_steps(setup, state, plan: RoundPlan, data) -> schedule.Schedule:
+  """Batch step by batch step, every participant in ascending id order
+  (servers whose result does not depend on an order)."""
+  n, num_steps = setup.clients_per_round, plan.idx.shape[0]
+  return schedule.steps(jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (num_steps, n)))
+
+
+def global_part1(state, plan: RoundPlan) -> Portion:
+  """Every participant starts from the global part-1 (``state.part1``) with a
+  fresh optimiser state."""
+  n = plan.clients.shape[0]
+  return fresh_stack(plan, broadcast(state.part1, n), broadcast(state.part1_stats, n))
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitAlgorithm:
-  """A split method's round: the shared skeleton's hooks (module docstring).
+  """A split method's round: the shared skeleton's hooks (module docstring),
+  built once per run."""
 
-  ``copies``: part-1 copies per participant, used round robin over its
-  batches (its j-th batch of the round trains copy ``j mod copies``; all
-  start from the same portion); ``SplitRound.clients`` then has a copy axis
-  after the participant axis (MergeSFL in the Hydra authors' code).
-  """
-
-  server_init: Callable[[RoundPlan], Any]
-  server_rule: Callable[[RoundPlan, Step], SequentialServer | MergedServer | PerClientServer]
-  client_init: Callable[[RoundPlan], Portion] | None = None
-  client_final: Callable[[Portion, RoundPlan], Any] | None = sample_weighted
-  plan: Callable = plan_round
-  copies: int = 1
+  server_init: ServerInit
+  server_rule: ServerRule
+  schedule: Schedule
+  client_init: ClientInit = global_part1
+  client_final: ClientFinal | None = sample_weighted
+  client_select: ClientSelect | None = None
+  client_place: ClientPlace | None = None
+  plan: Planner = plan_at_round
 
 
 class SplitRound(NamedTuple):
@@ -217,70 +303,67 @@ class SplitRound(NamedTuple):
   loss_sums: jax.Array   # (S,)
 
 
-def run_round(alg: SplitAlgorithm, setup, state, data, key, *, label_rank=None,
-              round_idx=None) -> SplitRound:
+def run_round(alg: SplitAlgorithm, setup, state, data, key) -> SplitRound:
   """One round of a split method.
 
   Args:
     alg: the method's hooks.
     setup: the run's setup.
-    state: the method's state; ``round`` is read (unless ``round_idx``), and
-      ``part1`` / ``part1_stats`` when ``alg.client_init`` is None.
+    state: the method's state (read only by the hooks).
     data: the round's :class:`~jsfl.core.data.RoundData`.
     key: the round's PRNG key.
-    label_rank: the run's label cycle: the server's schedule follows
-      ``setup.order`` under ``setup.order_rule``; None serves participants
-      batch step by batch step in ascending id order (servers that are not
-      sequential).
-    round_idx: the round's index when the state holds none under ``round``.
 
   Returns:
     :class:`SplitRound`.
   """
-  plan = alg.plan(setup, data, key, state.round if round_idx is None else round_idx)
-  n, num_steps = setup.clients_per_round, plan.idx.shape[0]
-  if label_rank is None:
-    sched = schedule.steps(jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32),
-                                            (num_steps, n)))
-  else:
-    sched = schedule.round_schedule(setup, plan.order_key, plan.mask, plan.clients,
-                                    data.dominant, label_rank)
-  if alg.client_init is None:
-    clients = fresh_stack(plan, broadcast(state.part1, n), broadcast(state.part1_stats, n))
-  else:
-    clients = alg.client_init(plan)
+  plan = alg.plan(setup, state, data, key)
+  n = setup.clients_per_round
+  sched = alg.schedule(setup, state, plan, data)
+  clients = alg.client_init(state, plan)
   who = jnp.arange(n)
   has = jnp.any(plan.mask, axis=2)  # (T, n)
-  copies = alg.copies
-  if copies > 1:
-    clients = jax.tree.map(
-        lambda a: jnp.broadcast_to(a[:, None], (n, copies) + a.shape[1:]), clients)
-    nth = jnp.cumsum(has, axis=0) - 1  # a step's batch is the participant's nth
-    copy = nth[jnp.maximum(sched.src, 0), who] % copies
-  else:
-    copy = jnp.zeros_like(sched.src)
 
   def one_segment(carry, segment):
-    position, src, order, k = segment
+    position, src, order = segment
     idx = plan.idx[jnp.maximum(src, 0), who]
     mask = plan.mask[jnp.maximum(src, 0), who] & (src >= 0)[:, None]
     x, y = gather(data, idx)
     stack, srv = carry
-    current = stack if copies == 1 else jax.tree.map(lambda a: a[who, k], stack)
     step = Step(x, y, idx, mask, position)
+    current = stack if alg.client_select is None else alg.client_select(stack, plan, step)
     current, srv, lsum = segment_step(setup, plan.tx, current, srv, step, order,
-                                      alg.server_rule(plan, step))
-    if copies > 1:
-      current = jax.tree.map(lambda a, v: a.at[who, k].set(v), stack, current)
+                                      alg.server_rule(state, plan, step))
+    if alg.client_place is not None:
+      current = alg.client_place(stack, current, plan, step)
     return (current, srv), lsum
 
   live = jnp.any(has[jnp.maximum(sched.src, 0), who] & (sched.src >= 0), axis=1)
   indices = jnp.arange(sched.src.shape[0], dtype=jnp.int32)
   (clients, srv), lsums = scan_live(
-      one_segment, (clients, alg.server_init(plan)),
-      (indices, sched.src, sched.order, copy), live)
+      one_segment, (clients, alg.server_init(state, plan)),
+      (indices, sched.src, sched.order), live)
   part1, stats1 = alg.client_final(clients, plan) if alg.client_final else (None, None)
   return SplitRound(plan, sched.order, clients, part1, stats1, srv, lsums)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitRounds:
+  """A split method for one run: its :class:`SplitAlgorithm`, built once,
+  with the state it starts from and the state a round leaves
+  (``finish(setup, state, out) -> (state, metrics)``).  ``init(key)`` and
+  ``round(state, data, key)`` are what the run's programs call."""
+
+  setup: Any
+  algorithm: SplitAlgorithm
+  start: Callable[[Any, jax.Array], Any]
+  finish: Callable[[Any, Any, SplitRound], tuple[Any, dict]]
+
+  def init(self, key):
+    return self.start(self.setup, key)
+
+  def round(self, state, data, key):
+    out = run_round(self.algorithm, self.setup, state, data, key)
+    return self.finish(self.setup, state, out)
 
 
 def segment_step(setup, tx, clients: Portion, server, step: Step, order, rule):
@@ -394,7 +477,7 @@ def per_client_segment(setup, tx, clients: Portion, server, step: Step,
     ``(clients, server, loss_sum)``.
   """
   n = step.mask.shape[0]
-  inputs = jnp.arange(n) if rule.inputs is None else rule.inputs
+  inputs = jnp.arange(n)
 
   def piece_or_idle(client, srv, x, y, m, k):
     run = lambda: rule.piece(setup, tx, client, srv, x, y, m, k)

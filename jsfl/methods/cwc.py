@@ -27,13 +27,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.core.data import round_options
 from jsfl.core.method import Method, label_rank_of
-from jsfl.core.plan import plan_round
 from jsfl.core.setup import Setup
-from jsfl.engine import parallel
-from jsfl.methods import fedcurv, fedseq
-from jsfl.methods.fedcurv import FISHER_MODES
+from jsfl.engine import parallel, sequential
+from jsfl.engine.fisher import FISHER_MODES, diag_fisher, tree_dot
 from jsfl.options import option, option_set
 
 
@@ -58,7 +55,7 @@ class State:
 
 
 def init(setup: Setup, key) -> State:
-  base = fedseq.init(setup, key)
+  base = sequential.init_state(setup, key)
   return State(base.params, base.stats, jax.tree.map(jnp.zeros_like, base.params),
                base.label_rank, base.round)
 
@@ -66,30 +63,52 @@ def init(setup: Setup, key) -> State:
 def consolidation_penalty(params, anchor, importance, lam):
   """``lam/2 * sum_p C_p (w_p - anchor_p)^2``."""
   d2 = jax.tree.map(lambda p, a: jnp.square(p - a), params, anchor)
-  return 0.5 * lam * fedcurv.tree_dot(importance, d2)
+  return 0.5 * lam * tree_dot(importance, d2)
+
+
+def client_term(plan, p, batch, client):
+  """The consolidation penalty around the client's start, weighted by the
+  importance carried along the sequence."""
+  return consolidation_penalty(p, client.start, client.carry, plan.options.lam)
+
+
+def start_carry(state: State, plan):
+  """The importance matrix decayed by sigma at the round's start."""
+  return jax.tree.map(lambda c: plan.options.sigma * c, state.importance)
+
+
+def plan_with_data(setup: Setup, state: State, data, key):
+  """FedSeq's plan with the round's data as its context: the Fisher of a
+  finished client is taken over its batches."""
+  return sequential.plan_at_round(setup, state, data, key)._replace(context=data)
+
+
+def client_done(setup: Setup):
+  """Adds the finished client's Fisher (its first epoch) to the carry."""
+  def done(plan, p, s, idx, mask, client):
+    nb = idx.shape[0] // setup.local_epochs
+    f = diag_fisher(setup, plan.context, p, s, idx[:nb], mask[:nb], setup.options.fisher)
+    return jax.tree.map(jnp.add, client.carry, f)
+  return done
+
+
+def finish(setup: Setup, state: State, out: sequential.SequenceRound):
+  new = State(out.params, out.stats, out.carry, state.label_rank, state.round + 1)
+  return new, sequential.sequence_metrics(out.plan, out.seq, out.sums)
+
+
+def build(setup: Setup) -> sequential.SequentialRounds:
+  """CWC for a run: FedSeq with the consolidation penalty and the
+  importance carried along the sequence (metrics add ``reg_loss``)."""
+  alg = sequential.SequentialAlgorithm(
+      plan=plan_with_data, client_term=client_term, start_carry=start_carry,
+      client_done=client_done(setup))
+  return sequential.SequentialRounds(setup, alg, init, finish)
 
 
 def round(setup: Setup, state: State, data, key):
-  """One CWC round (FedSeq's contract; metrics add ``reg_loss``)."""
-  o = round_options(setup, data)
-  lam, sigma, mode = o.lam, o.sigma, o.fisher
-  plan = plan_round(setup, data, key, state.round)
-  seq = fedseq.sequence_order(setup, plan, data, state.label_rank)
-
-  def aux(p, batch, client):
-    return consolidation_penalty(p, client.start, client.carry, lam)
-
-  def after(p, s, idx, mask, client):
-    nb = idx.shape[0] // setup.local_epochs
-    f = fedcurv.diag_fisher(setup, data, p, s, idx[:nb], mask[:nb], mode)
-    return jax.tree.map(jnp.add, client.carry, f)
-
-  importance = jax.tree.map(lambda c: sigma * c, state.importance)
-  params, stats, importance, _, sums = fedseq.sequential_round(
-      setup, plan, data, state.params, state.stats, seq, aux=aux,
-      carry=importance, after=after)
-  new = State(params, stats, importance, state.label_rank, state.round + 1)
-  return new, fedseq.sequence_metrics(plan, seq, sums)
+  """One CWC round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def output_model(setup: Setup, state: State):
@@ -102,5 +121,5 @@ def communication(setup: Setup, samples: int):
   return b, b
 
 
-METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of,
+METHOD = Method(build, output_model, communication, label_rank=label_rank_of,
                 options=CWCOptions)

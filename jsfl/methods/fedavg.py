@@ -17,6 +17,11 @@ State = parallel.State
 init = parallel.init_state
 
 
+def build(setup: Setup) -> parallel.ParallelRounds:
+  """FedAvg for a run: the parallel round with no hooks."""
+  return parallel.ParallelRounds(setup, parallel.ParallelAlgorithm(), init)
+
+
 def round(setup: Setup, state: State, data, key):
   """One FedAvg round.
 
@@ -24,11 +29,11 @@ def round(setup: Setup, state: State, data, key):
     ``(state, metrics)`` with metrics ``loss`` (mean train loss), ``samples``
     (samples processed), ``clients`` (participants) and ``reg_loss`` (0).
   """
-  return parallel.parallel_round(setup, state, data, key)
+  return build(setup).round(state, data, key)
 
 
 output_model = parallel.output_model
 communication = parallel.communication
 
 
-METHOD = Method(init, round, output_model, communication)
+METHOD = Method(build, output_model, communication)

@@ -7,9 +7,9 @@ Clients minimise ``CE + beta * tau^2 * KL(q~_global || q~_local)`` where
 sample's label removed) and the global model is the round's frozen starting
 model in eval mode.  Defaults beta = 1, tau = 1 (docs/methods-sequential.md).
 
-:func:`ntd_loss` is a pure function of two logit arrays, so the split (SFL)
-form of FedNTD, where the logits come out of the server portion, reuses it
-unchanged.
+:func:`~jsfl.engine.ntd.ntd_loss` is a pure function of two logit arrays, so
+the split (SFL) form of FedNTD, where the logits come out of the server
+portion, reuses it unchanged.
 
 Departure from docs/methods-sequential.md: the ``tau^2`` factor of the authors' code is kept
 (it is 1 at the default tau = 1).
@@ -17,86 +17,38 @@ Departure from docs/methods-sequential.md: the ``tau^2`` factor of the authors' 
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-
-from jsfl.core.data import round_options
 from jsfl.core.method import Method
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel
-from jsfl.options import option, option_set
+from jsfl.engine.ntd import FedNTDOptions, ntd_loss
+
+__all__ = ["METHOD", "FedNTDOptions", "State", "init", "ntd_loss", "output_model",
+           "round"]
 
 State = parallel.State
-
-_NEG = -1e9  # a finite "minus infinity": keeps 0 * log 0 terms free of NaN
-
-
-# beta < 0 would push the local model away from the global one; tau divides
-# the logits (tau = 0 is a division by zero).
-@option_set
-class FedNTDOptions:
-  beta: float = option(1.0, "weight of the not-true distillation term (0 = FedAvg)",
-                       range="[0, inf)", batchable=True)
-  tau: float = option(1.0, "distillation temperature", range="(0, inf)", batchable=True)
-
-
-def not_true_log_softmax(logits, labels, tau):
-  """Log-softmax over the not-true classes; the true class gets ``_NEG``.
-
-  Args:
-    logits: ``(B, L)``.
-    labels: ``(B,)`` true classes.
-    tau: temperature.
-
-  Returns:
-    ``(B, L)`` log-probabilities over the L-1 not-true classes (the true
-    class's entry is a huge negative number, its probability 0).
-  """
-  true = jax.nn.one_hot(labels, logits.shape[-1], dtype=bool)
-  return jax.nn.log_softmax(jnp.where(true, _NEG, logits / tau), axis=-1)
-
-
-def ntd_loss(local_logits, global_logits, labels, mask, tau=1.0):
-  """FedNTD's not-true distillation loss, mean over the valid samples.
-
-  Args:
-    local_logits: ``(B, L)`` logits of the model being trained.
-    global_logits: ``(B, L)`` logits of the global (teacher) model; no
-      gradient flows into them.
-    labels: ``(B,)`` true classes.
-    mask: ``(B,)`` valid samples.
-    tau: temperature.
-
-  Returns:
-    ``tau^2 * mean_i KL(q~_global_i || q~_local_i)`` (0 for an empty batch).
-  """
-  true = jax.nn.one_hot(labels, local_logits.shape[-1], dtype=bool)
-  log_q_l = not_true_log_softmax(local_logits, labels, tau)
-  log_q_g = not_true_log_softmax(jax.lax.stop_gradient(global_logits), labels, tau)
-  kl = jnp.sum(jnp.where(true, 0.0, jnp.exp(log_q_g) * (log_q_g - log_q_l)), axis=-1)
-  m = mask.astype(kl.dtype)
-  return tau ** 2 * jnp.sum(kl * m) / jnp.maximum(jnp.sum(m), 1.0)
-
 
 def init(setup: Setup, key) -> State:
   return parallel.init_state(setup, key)
 
 
-def make_aux(setup: Setup, beta, tau):
-  """FedNTD's loss term ``aux(p, batch, client)`` (``parallel`` contract):
-  the global model is ``client.start`` run in eval mode on the batch."""
-
-  def aux(p, batch, client):
+def client_term(setup: Setup):
+  """FedNTD's loss term: the global model is ``client.start`` run in eval
+  mode on the batch."""
+  def term(plan, p, batch, client):
+    o = plan.options
     g = setup.model.apply(client.start, client.start_stats, batch.x, train=False)[0]
-    return beta * ntd_loss(batch.logits, g, batch.y, batch.mask, tau)
+    return o.beta * ntd_loss(batch.logits, g, batch.y, batch.mask, o.tau)
+  return term
 
-  return aux
+
+def build(setup: Setup) -> parallel.ParallelRounds:
+  """FedNTD for a run: the parallel round with the not-true distillation."""
+  return parallel.ParallelRounds(setup, parallel.ParallelAlgorithm(client_term(setup)), init)
 
 
 def round(setup: Setup, state: State, data, key):
-  """One FedNTD round (see ``parallel.parallel_round`` for the contract)."""
-  o = round_options(setup, data)
-  return parallel.parallel_round(setup, state, data, key, aux=make_aux(setup, o.beta, o.tau))
+  """One FedNTD round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def output_model(setup: Setup, state: State):
@@ -106,5 +58,5 @@ def output_model(setup: Setup, state: State):
 communication = parallel.communication
 
 
-METHOD = Method(init, round, output_model, communication,
+METHOD = Method(build, output_model, communication,
                 options=FedNTDOptions)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jsfl.core.data import round_options
 from jsfl.core.method import Method
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel
@@ -41,15 +40,19 @@ def init(setup: Setup, key) -> State:
   return parallel.init_state(setup, key)
 
 
-def make_aux(mu):
-  """FedProx's loss term ``aux(p, batch, client)`` (``parallel`` contract)."""
-  return lambda p, batch, client: prox_term(p, client.start, mu)
+def client_term(plan, p, batch, client):
+  """FedProx's loss term: the proximal pull to the round's global model."""
+  return prox_term(p, client.start, plan.options.mu)
+
+
+def build(setup: Setup) -> parallel.ParallelRounds:
+  """FedProx for a run: the parallel round with the proximal term."""
+  return parallel.ParallelRounds(setup, parallel.ParallelAlgorithm(client_term), init)
 
 
 def round(setup: Setup, state: State, data, key):
-  """One FedProx round (see ``parallel.parallel_round`` for the contract)."""
-  mu = round_options(setup, data).mu
-  return parallel.parallel_round(setup, state, data, key, aux=make_aux(mu))
+  """One FedProx round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def output_model(setup: Setup, state: State):
@@ -59,5 +62,5 @@ def output_model(setup: Setup, state: State):
 communication = parallel.communication
 
 
-METHOD = Method(init, round, output_model, communication,
+METHOD = Method(build, output_model, communication,
                 options=FedProxOptions)

@@ -41,6 +41,7 @@ from jax import lax
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.method import Method, label_rank_of, split_communication
 from jsfl.core.optim import make_optimizer, with_lr
+from jsfl.core.plan import RoundPlan, plan_round
 from jsfl.core.portion import Portion, kept
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, put_rows, take_rows
@@ -265,43 +266,37 @@ def server_step(setup: Setup, tx, server, act, y, mask, g):
   return (part2a, put_rows(heads, g, head)), g_a, loss * jnp.sum(mask)
 
 
-def round(setup: Setup, state: State, data, key):
-  """One Hydra round: the split round with Hydra's server rule.
+def plan(setup: Setup, state: State, data, key) -> RoundPlan:
+  """SFL's round plan with every participant's head as its context."""
+  p = plan_round(setup, data, key, state.round)
+  return p._replace(context=groups_of(setup, data.counts)[p.clients])
 
-  Args:
-    setup: static run description (``setup.order``: the processing order of
-      part-2a; method options ``groups``, ``head_cut`` / ``head``,
-      ``superclasses``).
-    state: see :class:`State`.
-    data: device data; uses ``counts`` (per-client label counts) for grouping.
-    key: this round's PRNG key.
 
-  Returns:
-    ``(state, metrics)``: ``loss``, ``samples``, ``clients`` (first step's
-    processing order) and ``head_batches`` ``(G,)``: client batches each head
-    was trained on this round.
-  """
-  G = num_groups(setup)
-  group_of = groups_of(setup, data.counts)
+def server(state: State, plan: RoundPlan):
+  """part-2a with its persisting optimiser state and the stacked heads."""
+  return (kept(state.part2a_opt, plan.lr, state.part2a, state.part2a_stats),
+          Portion(state.heads, state.heads_stats,
+                  jax.vmap(lambda o: with_lr(o, plan.lr))(state.heads_opt)))
 
-  def server(plan):
-    return (kept(state.part2a_opt, plan.lr, state.part2a, state.part2a_stats),
-            Portion(state.heads, state.heads_stats, jax.vmap(
-                lambda o: with_lr(o, plan.lr))(state.heads_opt)))
 
-  def serve(plan, step):
-    groups = group_of[plan.clients]
+def serve(setup: Setup) -> split.ServerRule:
+  """Hydra's server rule: part-2a and the participant's head, participant
+  after participant."""
+  def rule(state, plan: RoundPlan, step):
     return split.SequentialServer(
         lambda srv, act, y, mask, k: server_step(setup, plan.tx, srv, act, y, mask,
-                                                 groups[k]),
+                                                 plan.context[k]),
         setup.server_unroll)
+  return rule
 
-  out = split.run_round(split.SplitAlgorithm(server, serve), setup, state, data, key,
-                        label_rank=state.label_rank)
+
+def finish(setup: Setup, state: State, out: split.SplitRound):
+  """The next state (every head set to the heads' mean) and the metrics,
+  with ``head_batches`` ``(G,)``: client batches each head was trained on."""
   part2a, heads = out.server
   mean = lambda t: jax.tree.map(lambda a: jnp.broadcast_to(a.mean(0), a.shape), t)
   has = jnp.any(out.plan.mask, axis=2)  # (T, n)
-  head_batches = jnp.zeros(G, jnp.int32).at[group_of[out.plan.clients]].add(
+  head_batches = jnp.zeros(num_groups(setup), jnp.int32).at[out.plan.context].add(
       has.sum(0).astype(jnp.int32))
   new = dataclasses.replace(state, part1=out.part1, part1_stats=out.part1_stats,
                             part2a=part2a.params, part2a_stats=part2a.stats,
@@ -311,6 +306,24 @@ def round(setup: Setup, state: State, data, key):
   metrics = split.metrics(out)
   metrics["head_batches"] = head_batches
   return new, metrics
+
+
+def build(setup: Setup) -> split.SplitRounds:
+  """Hydra for a run: the split round with Hydra's planner, server carry
+  and rule in the run's label-cycle schedule.
+
+  ``setup.order`` is the processing order of part-2a; the method options
+  ``groups``, ``head_cut`` / ``head`` and ``superclasses`` place the heads.
+  A round's metrics: ``loss``, ``samples``, ``clients`` (first step's
+  processing order) and ``head_batches``."""
+  alg = split.SplitAlgorithm(server_init=server, server_rule=serve(setup),
+                             schedule=split.label_cycle, plan=plan)
+  return split.SplitRounds(setup, alg, init, finish)
+
+
+def round(setup: Setup, state: State, data, key):
+  """One Hydra round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def output_model(setup: Setup, state: State):
@@ -342,6 +355,6 @@ def artifacts(setup: Setup, partitions) -> dict:
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication, validate=validate,
+METHOD = Method(build, output_model, communication, validate=validate,
                 artifacts=artifacts, label_rank=label_rank_of,
                 options=HydraOptions)

@@ -29,18 +29,18 @@ share of the merged loss, not the mean loss of its batch alone.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from jsfl.core.method import Method, label_rank_of, split_communication
 from jsfl.core.portion import Portion
 from jsfl.core.setup import Setup
-from jsfl.engine import split
-from jsfl.methods import sfl
+from jsfl.engine import sfl_family, split
 from jsfl.options import option, option_set
 
 # SFL's state (label_rank unused: MergeSFL has no processing order) and
 # init, so a seed starts both methods from one model.
-State = sfl.State
-init = sfl.init
+State = sfl_family.State
+init = sfl_family.init
 
 
 MERGE_GRADS = ("client_mean", "merged")
@@ -59,16 +59,49 @@ class MergeSFLOptions:
                              "per client", range="[1, 1000]")
 
 
-def serve(setup: Setup):
+def serve(setup: Setup) -> split.ServerRule:
   """MergeSFL's server rule: one part-2 update on the merged batch."""
   per_client = setup.options.grad_scale == "client_mean"
 
-  def make(plan, step):
+  def rule(state, plan, step):
     def one(srv, act, y, mask, _):
       srv, g_a, lsum, _ = split.server_update(setup, plan.tx, srv, act, y, mask)
       return srv, g_a, lsum
     return split.MergedServer(one, per_client)
-  return make
+  return rule
+
+
+def copies_of_part1(copies: int):
+  """Every participant's ``copies`` part-1 copies (axis 1), all from the
+  global part-1, each with a fresh optimiser state."""
+  def client_init(state, plan):
+    one = split.global_part1(state, plan)
+    return jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], copies)
+                                                   + a.shape[1:]), one)
+  return client_init
+
+
+def nth_copy(copies: int, plan, step):
+  """Per participant, the copy its batch at this batch step trains: its
+  j-th batch of the round trains copy ``j mod copies``."""
+  has = jnp.any(plan.mask, axis=2)  # (T, n)
+  nth = jnp.cumsum(has, axis=0) - 1
+  return nth[step.position] % copies
+
+
+def select_copy(copies: int):
+  def select(clients, plan, step):
+    who = jnp.arange(plan.clients.shape[0])
+    return jax.tree.map(lambda a: a[who, nth_copy(copies, plan, step)], clients)
+  return select
+
+
+def place_copy(copies: int):
+  def place(clients, current, plan, step):
+    who = jnp.arange(plan.clients.shape[0])
+    k = nth_copy(copies, plan, step)
+    return jax.tree.map(lambda a, v: a.at[who, k].set(v), clients, current)
+  return place
 
 
 def last_copy_averaged(clients: Portion, plan):
@@ -77,25 +110,24 @@ def last_copy_averaged(clients: Portion, plan):
   return split.sample_weighted(last, plan)
 
 
-def round(setup: Setup, state: State, data, key):
-  """One MergeSFL round.
-
-  Args:
-    setup: static run description.
-    state: see :class:`State`.
-    data: the round's ``RoundData``.
-    key: this round's PRNG key.
-
-  Returns:
-    ``(state, metrics)`` with ``loss``, ``samples`` and ``clients``
-    (participants, ascending).
-  """
+def build(setup: Setup) -> split.SplitRounds:
+  """MergeSFL for a run: SFL's server carry updated once per batch step on
+  the merged batch, ``part1_copies`` part-1 copies per participant used
+  round robin (the last one averaged); metrics ``loss``, ``samples`` and
+  ``clients`` (participants, ascending)."""
   copies = setup.options.part1_copies
-  alg = split.SplitAlgorithm(
-      server_init=sfl.server(state), server_rule=serve(setup), copies=copies,
-      client_final=last_copy_averaged if copies > 1 else split.sample_weighted)
-  out = split.run_round(alg, setup, state, data, key)
-  return sfl.finish(state, out)
+  hooks = {}
+  if copies > 1:
+    hooks = dict(client_init=copies_of_part1(copies), client_select=select_copy(copies),
+                 client_place=place_copy(copies), client_final=last_copy_averaged)
+  alg = split.SplitAlgorithm(server_init=sfl_family.server, server_rule=serve(setup),
+                             schedule=split.batch_steps, **hooks)
+  return sfl_family.rounds(setup, alg)
+
+
+def round(setup: Setup, state: State, data, key):
+  """One MergeSFL round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def output_model(setup: Setup, state: State):
@@ -108,5 +140,5 @@ the activation and label up and its gradient down, as SFL
 (``split_communication``)."""
 
 
-METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of,
+METHOD = Method(build, output_model, communication, label_rank=label_rank_of,
                 options=MergeSFLOptions)

@@ -3,7 +3,7 @@ Continual Learning Framework for Dynamic Edge Environments", CANDAR 2023, as
 adapted by Hydra (AAAI 2026, Appendix B) for its comparison.  docs/methods-splitfed.md.
 
 FL (each participant trains the whole model for ``local_epochs`` epochs, the
-parallel engine's local training, ``jsfl.engine.parallel.train_participants``)
+parallel engine's local training, ``jsfl.engine.parallel.participants_training``)
 with the model cut at ``head_cut``: the body,
 stages ``[0, head_cut)``, is averaged sample-weighted at round end; the head,
 stages ``[head_cut, end)``, is kept per client.  The state holds all ``K``
@@ -33,12 +33,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.core.method import Method, portion_bytes
+from jsfl.core.method import Functions, Method, portion_bytes
 from jsfl.core.plan import plan_round, round_metrics
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, put_rows, take_rows, weighted_mean
 from jsfl.engine import parallel
-from jsfl.methods.splitfedv3 import max_logit_select
+from jsfl.engine.outputs import max_logit_select
 from jsfl.options import option, option_set
 
 
@@ -66,7 +66,7 @@ def head_cut(setup: Setup) -> int:
 
 
 def validate(setup: Setup) -> None:
-  """Checks ``head_cut`` before anything is written (runner hook)."""
+  """Checks ``head_cut`` before anything is written (``Method.validate``)."""
   head_cut(setup)
 
 
@@ -97,7 +97,7 @@ def round(setup: Setup, state: State, data, key):
   stats = (broadcast(state.body_stats, n)
            + take_rows(state.heads_stats, plan.clients))
   # a client's whole model trains locally, as in FedAvg; only the body is averaged
-  params, stats, sums = parallel.train_participants(setup, plan, data, params, stats)
+  params, stats, sums = parallel.participants_training(setup, plan, data, params, stats)
   new = dataclasses.replace(state,
       body=weighted_mean(params[:h], plan.sizes),
       body_stats=weighted_mean(stats[:h], plan.sizes),
@@ -119,11 +119,17 @@ def predict(setup: Setup, state: State, x):
   return max_logit_select(logits, (state.heads, state.heads_stats), z)
 
 
+def build(setup: Setup) -> Functions:
+  """MultiHead for a run: its round closes over the setup alone."""
+  return Functions(setup, init, round)
+
+
 def output_model(setup: Setup, state: State):
   """A single-model view: the body with the uniform mean of the heads.
 
-  Only for tools that need one staged model; the runner evaluates MultiHead
-  through :func:`predict`, the method's actual output.
+  Only for tools that need one staged model; a run's evaluation
+  (:mod:`jsfl.train.evaluate`) goes through :func:`predict`, the method's
+  actual output.
   """
   uniform = jnp.ones((setup.num_clients,), jnp.float32)
   return (state.body + weighted_mean(state.heads, uniform),
@@ -137,6 +143,6 @@ def communication(setup: Setup, samples: int):
   return setup.clients_per_round * b, setup.clients_per_round * b
 
 
-METHOD = Method(init, round, output_model, communication, predict=predict,
+METHOD = Method(build, output_model, communication, predict=predict,
                 validate=validate,
                 options=MultiHeadOptions)

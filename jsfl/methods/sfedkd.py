@@ -54,19 +54,20 @@ distributions are renormalised to sum to 1.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
 from jsfl.core.clients import map_clients
-from jsfl.core.data import gather, round_options
+from jsfl.core.data import gather
 from jsfl.core.method import Method, label_rank_of
-from jsfl.core.plan import plan_round
+from jsfl.core.plan import RoundPlan
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast
-from jsfl.engine import parallel
-from jsfl.methods import fedseq
+from jsfl.engine import parallel, sequential
 from jsfl.options import option, option_set
 
 _NEG = -1e9  # finite "minus infinity" for masked logits (no 0 * inf NaNs)
@@ -129,7 +130,7 @@ class State:
 
 
 def validate(setup: Setup) -> None:
-  """Checks ``num_teachers`` before anything is written (runner hook)."""
+  """Checks ``num_teachers`` before anything is written (``Method.validate``)."""
   n, m = setup.clients_per_round, setup.options.num_teachers
   if not 0 <= m <= n:
     raise ValueError(f"method.num_teachers={m}; allowed: an int in "
@@ -138,7 +139,7 @@ def validate(setup: Setup) -> None:
 
 def init(setup: Setup, key) -> State:
   validate(setup)
-  base = fedseq.init(setup, key)
+  base = sequential.init_state(setup, key)
   n = setup.clients_per_round
   return State(base.params, base.stats, broadcast(base.params, n),
                broadcast(base.stats, n), jnp.zeros((n,), jnp.int32),
@@ -375,72 +376,102 @@ def select(setup: Setup, state: State, data, key):
                        o.selection_metric)
 
 
-def round(setup: Setup, state: State, data, key):
-  """One SFedKD round.
+class Teachers(NamedTuple):
+  """What SFedKD's planner hands its hooks: the round's teachers (positions
+  into the previous round's sequence, their models), whether there are any
+  yet (round 0 has none) and the round's data (client label counts, the
+  cache's batches)."""
 
-  Args:
-    setup: static run description (options: ``SFedKDOptions``).
-    state: :class:`State`.
-    data: the round's ``RoundData``, with ``counts``.
-    key: this round's PRNG key.
+  pos: jax.Array | None
+  params: Any
+  stats: Any
+  on: jax.Array | None
+  data: Any
 
-  Returns:
-    ``(state, metrics)``; see the module docstring for the logged keys.
-  """
-  plan = plan_round(setup, data, key, state.round)
-  seq = fedseq.sequence_order(setup, plan, data, state.label_rank)
-  o = round_options(setup, data)
-  m = o.num_teachers
-  students = plan.clients[seq]
-  has_teachers = state.round > 0
-  extra_metrics = {}
-  if m > 0:
-    pos = select(setup, state, data, jax.random.fold_in(key, 0x5EDCD))
-    t_params = jax.tree.map(lambda a: a[pos], state.prev_params)
-    t_stats = jax.tree.map(lambda a: a[pos], state.prev_stats)
+
+def plan(setup: Setup, state: State, data, key) -> RoundPlan:
+  """FedSeq's plan with the round's teachers as its context."""
+  p = sequential.plan_at_round(setup, state, data, key)
+  if setup.options.num_teachers == 0:
+    return p._replace(context=Teachers(None, None, None, None, data))
+  pos = select(setup, state, data, jax.random.fold_in(key, 0x5EDCD))
+  return p._replace(context=Teachers(
+      pos, jax.tree.map(lambda a: a[pos], state.prev_params),
+      jax.tree.map(lambda a: a[pos], state.prev_stats),
+      (state.round > 0).astype(jnp.float32), data))
+
+
+def client_context(setup: Setup):
+  """Per student (sequence order): its TCKD and NCKD teacher weights and,
+  with ``teacher_cache``, the teachers' logits on its first epoch."""
+  def context(state: State, plan: RoundPlan, seq):
+    o, t = plan.options, plan.context
+    students = plan.clients[seq]
     w_tc, w_nc = teacher_weights(
-        data.counts[students], data.counts[state.prev_clients[pos]],
+        t.data.counts[students], t.data.counts[state.prev_clients[t.pos]],
         metric=o.metric, eps=o.eps, smooth=o.smooth, tc=o.tc_weights, nc=o.nc_weights)
-    alpha, beta, temp = o.alpha_t, o.beta_t, o.temperature
-    t_exec = o.teacher_exec
-    on = has_teachers.astype(jnp.float32)
-    cache = o.teacher_cache
-
-    def aux(p, batch, client):
-      wtc, wnc, cached = client.ctx
-      if cache:
-        tl = lookup_logits(*cached, batch.idx)
-      else:
-        tl = teacher_logits(setup, t_params, t_stats, batch.x, t_exec)
-      tckd, nckd = multi_teacher_dkd(batch.logits, tl, batch.y, batch.mask,
-                                     wtc, wnc, temp)
-      return on * (alpha * tckd + beta * nckd)
-
     cached = None
-    if cache:
+    if o.teacher_cache:
       nb = plan.idx.shape[0] // setup.local_epochs
       ep_idx = jnp.swapaxes(plan.idx[:nb, seq], 0, 1)      # (n, nb, B)
       ep_mask = jnp.swapaxes(plan.mask[:nb, seq], 0, 1)
-      cached = lax.map(lambda a: epoch_teacher_logits(setup, data, t_params, t_stats,
-                                                      a[0], a[1], t_exec), (ep_idx, ep_mask))
-    ctx = (w_tc, w_nc, cached)
-    teachers = jnp.where(has_teachers, state.prev_clients[pos], -1)
-    extra_metrics = {"teachers": teachers, "teacher_pos": pos,
-                     "teacher_weights_tc": w_tc * on, "teacher_weights_nc": w_nc * on}
-  else:
-    aux, ctx = parallel.zero_aux, None
-  params, stats, _, models, sums = fedseq.sequential_round(
-      setup, plan, data, state.params, state.stats, seq, aux=aux, ctx=ctx,
-      keep_models=m > 0)
-  if m > 0:
-    prev_params, prev_stats = models
+      cached = lax.map(lambda a: epoch_teacher_logits(
+          setup, t.data, t.params, t.stats, a[0], a[1], o.teacher_exec), (ep_idx, ep_mask))
+    return w_tc, w_nc, cached
+  return context
+
+
+def client_term(setup: Setup):
+  """The multi-teacher DKD loss of a student's batch (0 before the first
+  round has trained any teacher)."""
+  def term(plan: RoundPlan, p, batch, client):
+    o, t = plan.options, plan.context
+    wtc, wnc, cached = client.ctx
+    if o.teacher_cache:
+      ids, valid, logits = cached
+      tl = lookup_logits(ids, valid, logits, batch.idx)
+    else:
+      tl = teacher_logits(setup, t.params, t.stats, batch.x, o.teacher_exec)
+    tckd, nckd = multi_teacher_dkd(batch.logits, tl, batch.y, batch.mask,
+                                   wtc, wnc, o.temperature)
+    return t.on * (o.alpha_t * tckd + o.beta_t * nckd)
+  return term
+
+
+def finish(setup: Setup, state: State, out: sequential.SequenceRound):
+  """The last student's model, every student's model as the next round's
+  candidate teachers; the logged keys of the module docstring."""
+  students = out.plan.clients[out.seq]
+  metrics = sequential.sequence_metrics(out.plan, out.seq, out.sums)
+  if setup.options.num_teachers > 0:
+    prev_params, prev_stats = out.models
+    t = out.plan.context
+    w_tc, w_nc, _ = out.context
+    metrics.update(teachers=jnp.where(t.on > 0, state.prev_clients[t.pos], -1),
+                   teacher_pos=t.pos, teacher_weights_tc=w_tc * t.on,
+                   teacher_weights_nc=w_nc * t.on)
   else:  # nothing will read them
     prev_params, prev_stats = state.prev_params, state.prev_stats
-  new = State(params, stats, prev_params, prev_stats, students.astype(jnp.int32),
+  new = State(out.params, out.stats, prev_params, prev_stats, students.astype(jnp.int32),
               state.label_rank, state.round + 1)
-  metrics = fedseq.sequence_metrics(plan, seq, sums)
-  metrics.update(extra_metrics)
   return new, metrics
+
+
+def build(setup: Setup) -> sequential.SequentialRounds:
+  """SFedKD for a run (options: ``SFedKDOptions``): FedSeq with the
+  multi-teacher DKD term; ``num_teachers = 0`` is FedSeq."""
+  if setup.options.num_teachers == 0:
+    alg = sequential.SequentialAlgorithm(plan=plan)
+  else:
+    alg = sequential.SequentialAlgorithm(
+        plan=plan, client_term=client_term(setup), client_context=client_context(setup),
+        keep_models=True)
+  return sequential.SequentialRounds(setup, alg, init, finish)
+
+
+def round(setup: Setup, state: State, data, key):
+  """One SFedKD round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def output_model(setup: Setup, state: State):
@@ -454,6 +485,6 @@ def communication(setup: Setup, samples: int):
   return n * b, n * (1 + m) * b
 
 
-METHOD = Method(init, round, output_model, communication, validate=validate,
+METHOD = Method(build, output_model, communication, validate=validate,
                 label_rank=label_rank_of,
                 options=SFedKDOptions)

@@ -27,22 +27,18 @@ Decisions and departures:
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-from jsfl.core.data import round_options
 from jsfl.core.method import Method, label_rank_of, split_communication
 from jsfl.core.setup import Setup
 from jsfl.core.trees import weighted_mean
-from jsfl.engine import split
-from jsfl.methods import sfl
+from jsfl.engine import sfl_family, split
 from jsfl.options import option, option_set
 
-State = sfl.State
-init = sfl.init
-output_model = sfl.output_model
+State = sfl_family.State
+init = sfl_family.init
+output_model = sfl_family.output_model
 
 
 FEDEXP_WEIGHTS = ("uniform", "samples")
@@ -93,32 +89,33 @@ def fedexp_step(global_params, stacked_params, weights, eps: float):
   return new, eta
 
 
-def round(setup: Setup, state: State, data, key):
-  """One SFL-form FedExp round.
-
-  Args:
-    setup: static run description (method options ``eps``, ``weights``).
-    state: SFL's state.
-    data: device data.
-    key: this round's PRNG key.
-
-  Returns:
-    ``(state, metrics)``: SFL's metrics plus ``eta_g``.
-  """
-  alg = dataclasses.replace(sfl.algorithm(setup, state), client_final=None)
-  out = split.run_round(alg, setup, state, data, key, label_rank=state.label_rank)
-  o = round_options(setup, data)
+def finish(setup: Setup, state: State, out: split.SplitRound):
+  """FedExp's server step on the participants' part-1 (their statistics
+  averaged with the same weights); SFL's metrics plus ``eta_g``."""
+  o = out.plan.options
   w = out.plan.sizes if o.weights == "samples" else jnp.ones_like(out.plan.sizes)
   part1, eta = fedexp_step(state.part1, out.clients.params, w, o.eps)
-  new, metrics = sfl.finish(state, out._replace(
+  new, metrics = sfl_family.finish(state, out._replace(
       part1=part1, part1_stats=weighted_mean(out.clients.stats, w)))
   metrics["eta_g"] = eta
   return new, metrics
 
 
+def build(setup: Setup) -> split.SplitRounds:
+  """SFL-form FedExp for a run: SFL's round with the part-1 copies kept
+  apart and FedExp's extrapolated step at the end (method options
+  ``eps``, ``weights``)."""
+  return sfl_family.rounds(setup, sfl_family.algorithm(setup, client_final=None), finish)
+
+
+def round(setup: Setup, state: State, data, key):
+  """One SFL-form FedExp round (:func:`build`)."""
+  return build(setup).round(state, data, key)
+
+
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication, validate=validate,
+METHOD = Method(build, output_model, communication, validate=validate,
                 label_rank=label_rank_of,
                 options=FedExpOptions)

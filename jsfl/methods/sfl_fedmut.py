@@ -31,19 +31,16 @@ Decisions and departures:
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.core.data import round_options
 from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.plan import RoundPlan, plan_round
 from jsfl.core.portion import fresh_stack
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast
-from jsfl.engine import split
-from jsfl.methods import sfl
+from jsfl.engine import sfl_family, split
 from jsfl.options import option, option_set
 
 # A fixed fold-in constant keeps the mutation's randomness independent of the
@@ -77,7 +74,7 @@ class State:
 
 def init(setup: Setup, key) -> State:
   validate(setup)
-  s = sfl.init(setup, key)
+  s = sfl_family.init(setup, key)
   return State(s.part1, s.part1_stats, s.part2, s.part2_stats, s.server_opt,
                s.label_rank, s.round, s.part1)
 
@@ -122,31 +119,41 @@ def mutated_starts(setup: Setup, o, state: State, key):
   return jax.tree.unflatten(treedef, cast), beta
 
 
-def round(setup: Setup, state: State, data, key):
-  """One SFL-form FedMut round.
+def plan(setup: Setup, state: State, data, key) -> RoundPlan:
+  """SFL's round plan with the round's mutation key as its context."""
+  return plan_round(setup, data, key, state.round)._replace(
+      context=jax.random.fold_in(key, _MUT_STREAM))
 
-  Args:
-    setup: static run description (method options ``radius``, ``acc_rate``,
-      ``bound``).
-    state: see :class:`State`.
-    data: device data.
-    key: this round's PRNG key.
 
-  Returns:
-    ``(state, metrics)``: SFL's metrics plus ``mutation_beta`` and
-    ``mutation_norm``.
-  """
-  starts, beta = mutated_starts(setup, round_options(setup, data), state,
-                                jax.random.fold_in(key, _MUT_STREAM))
-  alg = dataclasses.replace(sfl.algorithm(setup, state), client_init=lambda plan: fresh_stack(
-      plan, starts, broadcast(state.part1_stats, setup.clients_per_round)))
-  out = split.run_round(alg, setup, state, data, key, label_rank=state.label_rank)
-  new, metrics = sfl.finish(state, out, prev_part1=state.part1)
-  metrics["mutation_beta"] = beta
+def mutated_part1(setup: Setup):
+  def client_init(state: State, plan: RoundPlan):
+    starts, _ = mutated_starts(setup, plan.options, state, plan.context)
+    return fresh_stack(plan, starts, broadcast(state.part1_stats, setup.clients_per_round))
+  return client_init
+
+
+def finish(setup: Setup, state: State, out: split.SplitRound):
+  """SFL's next state (remembering the start's part-1) and metrics plus
+  ``mutation_beta`` and ``mutation_norm``."""
+  new, metrics = sfl_family.finish(state, out, prev_part1=state.part1)
+  metrics["mutation_beta"] = mutation_beta(out.plan.options, jnp.maximum(state.round - 1, 0))
   metrics["mutation_norm"] = jnp.sqrt(sum(
       jnp.sum((w - p) ** 2) for w, p in zip(jax.tree.leaves(state.part1),
                                             jax.tree.leaves(state.prev_part1), strict=True)))
   return new, metrics
+
+
+def build(setup: Setup) -> split.SplitRounds:
+  """SFL-form FedMut for a run: SFL's round whose participants start from
+  mutations of the global part-1 (method options ``radius``,
+  ``acc_rate``, ``bound``)."""
+  alg = sfl_family.algorithm(setup, client_init=mutated_part1(setup), plan=plan)
+  return split.SplitRounds(setup, alg, init, finish)
+
+
+def round(setup: Setup, state: State, data, key):
+  """One SFL-form FedMut round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def output_model(setup: Setup, state: State):
@@ -156,6 +163,6 @@ def output_model(setup: Setup, state: State):
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication, validate=validate,
+METHOD = Method(build, output_model, communication, validate=validate,
                 label_rank=label_rank_of,
                 options=FedMutOptions)

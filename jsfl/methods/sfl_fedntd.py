@@ -9,7 +9,7 @@ et al., AAAI 2025, Sec. "Experimental Results") runs it, FedExp and FedMut
 updated sequentially in the processing order, client portions averaged
 sample-weighted) with FedNTD's loss at the server:
 ``CE + beta * tau^2 * KL(q~_global || q~_local)`` over the not-true classes
-(:func:`jsfl.methods.fedntd.ntd_loss`, reused unchanged).  The teacher is
+(:func:`jsfl.engine.ntd.ntd_loss`, shared with the parallel FedNTD).  The teacher is
 the round's starting global model (client portion + server portion, frozen,
 eval mode) on the same client batch; its logits are computed once per batch
 step for all participants.  The distillation gradient reaches the client
@@ -43,15 +43,14 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jsfl.core.data import round_options
 from jsfl.core.method import Method, activation_size, label_rank_of, split_communication
 from jsfl.core.setup import Setup
-from jsfl.engine import split
-from jsfl.methods import fedntd, sfl
+from jsfl.engine import sfl_family, split
+from jsfl.engine.ntd import FedNTDOptions, ntd_loss
 
-State = sfl.State
-init = sfl.init
-output_model = sfl.output_model
+State = sfl_family.State
+init = sfl_family.init
+output_model = sfl_family.output_model
 
 
 def ntd_loss_fn(teacher_logits, beta: float, tau: float):
@@ -59,15 +58,18 @@ def ntd_loss_fn(teacher_logits, beta: float, tau: float):
   as the cross-entropy with ``beta * NTD`` as the extra term."""
   def loss(logits, y, mask):
     ce = split.cross_entropy(logits, y, mask)[0]
-    r = beta * fedntd.ntd_loss(logits, teacher_logits, y, mask, tau)
+    r = beta * ntd_loss(logits, teacher_logits, y, mask, tau)
     return ce + r, ce, r
   return loss
 
 
-def serve(setup: Setup, teacher, beta: float, tau: float):
+def serve(setup: Setup) -> split.ServerRule:
   """The server rule: SFL's, with the teacher's logits of the step's batches
-  (computed once per step for all participants) in the loss."""
-  def make(plan, step):
+  (computed once per step for all participants) in the loss; the teacher
+  is the round's starting model (part-1 + part-2 of the state)."""
+  def rule(state, plan, step):
+    o = plan.options
+    teacher = (state.part1 + state.part2, state.part1_stats + state.part2_stats)
     n, b = step.idx.shape
     x = step.x.reshape((n * b,) + step.x.shape[2:])
     t_logits = setup.model.apply(*teacher, x, train=False)[0].reshape(n, b, -1)
@@ -75,37 +77,35 @@ def serve(setup: Setup, teacher, beta: float, tau: float):
     def one(srv, act, y, mask, k):
       part2, reg = srv
       part2, g_a, lsum, rsum = split.server_update(
-          setup, plan.tx, part2, act, y, mask, ntd_loss_fn(t_logits[k], beta, tau))
+          setup, plan.tx, part2, act, y, mask, ntd_loss_fn(t_logits[k], o.beta, o.tau))
       return (part2, reg + rsum), g_a, lsum
     return split.SequentialServer(one, setup.server_unroll)
-  return make
+  return rule
+
+
+def server(state: State, plan):
+  """SFL's server carry and the round's regulariser sum."""
+  return sfl_family.server(state, plan), jnp.zeros((), jnp.float32)
+
+
+def finish(setup: Setup, state: State, out: split.SplitRound):
+  """SFL's next state and metrics plus ``reg_loss`` (mean ``beta * NTD``)."""
+  part2, reg = out.server
+  new, metrics = sfl_family.finish(state, out._replace(server=part2))
+  metrics["reg_loss"] = reg / jnp.maximum(metrics["samples"], 1)
+  return new, metrics
+
+
+def build(setup: Setup) -> split.SplitRounds:
+  """SFL-form FedNTD for a run (method options ``beta``, ``tau``)."""
+  alg = split.SplitAlgorithm(server_init=server, server_rule=serve(setup),
+                             schedule=split.label_cycle)
+  return split.SplitRounds(setup, alg, init, finish)
 
 
 def round(setup: Setup, state: State, data, key):
-  """One SFL-form FedNTD round.
-
-  Args:
-    setup: static run description (method options ``beta``, ``tau``).
-    state: SFL's state.
-    data: device data.
-    key: this round's PRNG key.
-
-  Returns:
-    ``(state, metrics)``: SFL's metrics plus ``reg_loss`` (mean
-    ``beta * NTD``).
-  """
-  o = round_options(setup, data)
-  beta, tau = o.beta, o.tau
-  teacher = (state.part1 + state.part2, state.part1_stats + state.part2_stats)
-  start = sfl.server(state)
-  alg = split.SplitAlgorithm(
-      server_init=lambda plan: (start(plan), jnp.zeros((), jnp.float32)),
-      server_rule=serve(setup, teacher, beta, tau))
-  out = split.run_round(alg, setup, state, data, key, label_rank=state.label_rank)
-  part2, reg = out.server
-  new, metrics = sfl.finish(state, out._replace(server=part2))
-  metrics["reg_loss"] = reg / jnp.maximum(metrics["samples"], 1)
-  return new, metrics
+  """One SFL-form FedNTD round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def communication(setup: Setup, samples: int):
@@ -114,5 +114,5 @@ def communication(setup: Setup, samples: int):
   return up + samples * activation_size(setup.model, setup.cut) * 4, down
 
 
-METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of,
-                options=fedntd.FedNTDOptions)
+METHOD = Method(build, output_model, communication, label_rank=label_rank_of,
+                options=FedNTDOptions)

@@ -4,7 +4,7 @@
 Label smoothing: Szegedy et al., "Rethinking the Inception Architecture for
 Computer Vision", CVPR 2016, Sec. 7.  The server portion is trained on the
 cross-entropy against ``(1 - eps) * onehot(y) + eps / L``; everything else is
-SFL (``jsfl.methods.sfl``): one sequential server portion, client portions
+SFL (:mod:`jsfl.engine.sfl_family`): one sequential server portion, client portions
 averaged sample-weighted.  ``eps = 0`` is SFL exactly (tested).  The logged
 ``loss`` is the smoothed objective.
 """
@@ -13,13 +13,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jsfl.core.data import round_options
 from jsfl.core.method import Method, label_rank_of, split_communication
-from jsfl.engine import split
-from jsfl.methods import sfl
+from jsfl.engine import sfl_family
 from jsfl.options import option, option_set
 
-State, init, output_model = sfl.State, sfl.init, sfl.output_model
+State, init, output_model = sfl_family.State, sfl_family.init, sfl_family.output_model
 communication = split_communication
 
 
@@ -38,12 +36,16 @@ def smoothed_cross_entropy(eps: float, num_classes: int):
   return loss
 
 
+def build(setup):
+  """SFL whose server loss is smoothed by the round's ``smoothing``."""
+  def round_loss(plan):
+    return smoothed_cross_entropy(plan.options.smoothing, setup.num_classes)
+  return sfl_family.rounds(setup, sfl_family.algorithm(setup, round_loss=round_loss))
+
+
 def round(setup, state, data, key):
-  loss = smoothed_cross_entropy(round_options(setup, data).smoothing, setup.num_classes)
-  out = split.run_round(sfl.algorithm(setup, state, loss), setup, state, data, key,
-                        label_rank=state.label_rank)
-  return sfl.finish(state, out)
+  return build(setup).round(state, data, key)
 
 
-METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of,
+METHOD = Method(build, output_model, communication, label_rank=label_rank_of,
                 options=SmoothOptions)

@@ -17,9 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jsfl.core.method import Method, split_communication
-from jsfl.core.portion import fresh_stack
 from jsfl.core.setup import Setup
-from jsfl.core.trees import broadcast
 from jsfl.engine import split
 
 
@@ -39,30 +37,23 @@ def init(setup: Setup, key) -> State:
                jnp.zeros((), jnp.int32))
 
 
-def server(state, n: int):
-  """Every participant's copy of part-2, each with a fresh optimiser."""
-  return lambda plan: fresh_stack(plan, broadcast(state.part2, n),
-                                        broadcast(state.part2_stats, n))
-
-
-def serve(setup: Setup):
-  """SplitFedV1's server rule: each participant trains its own part-2 copy."""
-  def make(plan, step):
-    def one(srv, act, y, mask, _):
-      srv, g_a, lsum, _ = split.server_update(setup, plan.tx, srv, act, y, mask)
-      return srv, g_a, lsum
-    return split.per_client(one)
-  return make
-
-
-def round(setup: Setup, state: State, data, key):
-  """One SplitFedV1 round; same signature and metrics as ``fedavg.round``."""
-  alg = split.SplitAlgorithm(server_init=server(state, setup.clients_per_round),
-                             server_rule=serve(setup))
-  out = split.run_round(alg, setup, state, data, key)
+def finish(setup: Setup, state: State, out: split.SplitRound):
   part2, stats2 = split.sample_weighted(out.server, out.plan)
   new = State(out.part1, out.part1_stats, part2, stats2, state.round + 1)
   return new, split.metrics(out)
+
+
+def build(setup: Setup) -> split.SplitRounds:
+  """SplitFedV1 for a run: a part-2 copy per participant, both portions
+  averaged sample-weighted; same metrics as FedAvg's round."""
+  alg = split.SplitAlgorithm(server_init=split.part2_copies,
+                             server_rule=split.own_part2(setup), schedule=split.batch_steps)
+  return split.SplitRounds(setup, alg, init, finish)
+
+
+def round(setup: Setup, state: State, data, key):
+  """One SplitFedV1 round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def output_model(setup: Setup, state: State):
@@ -72,4 +63,4 @@ def output_model(setup: Setup, state: State):
 communication = split_communication
 
 
-METHOD = Method(init, round, output_model, communication)
+METHOD = Method(build, output_model, communication)

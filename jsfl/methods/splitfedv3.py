@@ -33,19 +33,17 @@ Decisions the paper leaves open:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax import lax
 
 from jsfl.core.method import LABEL_BYTES, Method, activation_size
 from jsfl.core.portion import fresh_stack
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, put_rows, take_rows, weighted_mean
 from jsfl.engine import split
-from jsfl.methods import splitfedv1
+from jsfl.engine.outputs import max_logit_select
 
 
 @struct.dataclass
@@ -65,27 +63,15 @@ def init(setup: Setup, key) -> State:
                jnp.zeros((), jnp.int32))
 
 
-def round(setup: Setup, state: State, data, key):
-  """One SplitFedV3 round: SplitFedV1's server rule on the participants' own
-  part-1 copies, which are put back instead of aggregated.
+def own_part1(state: State, plan):
+  """Each participant starts from its own part-1 copy, a fresh optimiser."""
+  return fresh_stack(plan, take_rows(state.part1, plan.clients),
+                     take_rows(state.part1_stats, plan.clients))
 
-  Args:
-    setup: static run description.
-    state: see :class:`State`.
-    data: the round's ``RoundData``.
-    key: this round's PRNG key.
 
-  Returns:
-    ``(state, metrics)`` with ``loss``, ``samples`` and ``clients``
-    (participants, ascending).
-  """
-  alg = split.SplitAlgorithm(
-      server_init=splitfedv1.server(state, setup.clients_per_round),
-      server_rule=splitfedv1.serve(setup), client_final=None,
-      client_init=lambda plan: fresh_stack(
-          plan, take_rows(state.part1, plan.clients),
-          take_rows(state.part1_stats, plan.clients)))
-  out = split.run_round(alg, setup, state, data, key)
+def finish(setup: Setup, state: State, out: split.SplitRound):
+  """The participants' part-1 copies put back, part-2 copies averaged
+  uniformly."""
   clients = out.plan.clients
   part2, stats2 = split.uniform(out.server, out.plan)
   new = dataclasses.replace(state,
@@ -95,27 +81,19 @@ def round(setup: Setup, state: State, data, key):
   return new, split.metrics(out)
 
 
-def max_logit_select(logits_fn: Callable, stacked, x):
-  """Per sample, the logits of the candidate with the largest max-logit.
+def build(setup: Setup) -> split.SplitRounds:
+  """SplitFedV3 for a run: SplitFedV1's server rule on the participants' own
+  part-1 copies, which are put back instead of aggregated; metrics
+  ``loss``, ``samples`` and ``clients`` (participants, ascending)."""
+  alg = split.SplitAlgorithm(server_init=split.part2_copies,
+                             server_rule=split.own_part2(setup), schedule=split.batch_steps,
+                             client_init=own_part1, client_final=None)
+  return split.SplitRounds(setup, alg, init, finish)
 
-  Args:
-    logits_fn: ``(candidate, x) -> (N, L)`` logits of one candidate.
-    stacked: the candidates, a pytree with a leading candidate axis.
-    x: the (normalised) inputs.
 
-  Returns:
-    ``(N, L)`` logits; ties go to the lowest candidate index.
-  """
-  first = logits_fn(jax.tree.map(lambda a: a[0], stacked), x)
-  rest = jax.tree.map(lambda a: a[1:], stacked)
-
-  def pick(best, cand):
-    logits = logits_fn(cand, x)
-    better = jnp.max(logits, -1) > jnp.max(best, -1)
-    return jnp.where(better[:, None], logits, best), None
-
-  best, _ = lax.scan(pick, first, rest)
-  return best
+def round(setup: Setup, state: State, data, key):
+  """One SplitFedV3 round (:func:`build`)."""
+  return build(setup).round(state, data, key)
 
 
 def predict(setup: Setup, state: State, x):
@@ -130,8 +108,9 @@ def predict(setup: Setup, state: State, x):
 def output_model(setup: Setup, state: State):
   """A single-model view: the uniform mean of the part-1 copies + part-2.
 
-  Only for tools that need one staged model; the runner evaluates SplitFedV3
-  through :func:`predict`, the method's actual output.
+  Only for tools that need one staged model; a run's evaluation
+  (:mod:`jsfl.train.evaluate`) goes through :func:`predict`, the method's
+  actual output.
   """
   uniform = jnp.ones((setup.num_clients,), jnp.float32)
   return (weighted_mean(state.part1, uniform) + state.part2,
@@ -146,4 +125,4 @@ def communication(setup: Setup, samples: int):
   return samples * (act + LABEL_BYTES), samples * act
 
 
-METHOD = Method(init, round, output_model, communication, predict=predict)
+METHOD = Method(build, output_model, communication, predict=predict)

@@ -40,13 +40,12 @@ from jsfl.core.plan import plan_round, round_metrics
 from jsfl.core.portion import fresh_stack
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, take_rows
-from jsfl.engine import split
+from jsfl.engine import sfl_family, split
 from jsfl.engine.orders import processing_orders
-from jsfl.methods import sfl
 
 # One part-1, one part-2 and the server optimiser state: exactly SFL's state.
-State = sfl.State
-init = sfl.init
+State = sfl_family.State
+init = sfl_family.init
 
 
 def visiting_order(setup: Setup, order_key, clients, dominant, label_rank,
@@ -60,11 +59,12 @@ def visiting_order(setup: Setup, order_key, clients, dominant, label_rank,
   return order
 
 
-def round(setup: Setup, state: State, data, key):
+def visit_round(setup: Setup, rule: split.ServerRule, state: State, data, key):
   """One SplitNN round: the split engine's batch step, one client at a time.
 
   Args:
     setup: static run description (``setup.order`` picks the visiting order).
+    rule: SFL's server rule (:func:`jsfl.engine.sfl_family.serve`).
     state: see :class:`State`.
     data: the round's ``RoundData``.
     key: this round's PRNG key.
@@ -80,14 +80,14 @@ def round(setup: Setup, state: State, data, key):
   # participant axis of one.
   idx = jnp.swapaxes(plan.idx, 0, 1)[order][:, :, None]
   mask = jnp.swapaxes(plan.mask, 0, 1)[order][:, :, None]
-  serve = sfl.serve(setup)(plan, None)
   only = jnp.zeros((1,), jnp.int32)
 
   def step(carry, batch):
     i, m = batch
     x, y = gather(data, i)
-    client, srv, lsum = split.segment_step(setup, plan.tx, *carry,
-                                           split.Step(x, y, i, m, only[0]), only, serve)
+    one = split.Step(x, y, i, m, only[0])
+    client, srv, lsum = split.segment_step(setup, plan.tx, *carry, one, only,
+                                           rule(state, plan, one))
     return (client, srv), lsum
 
   def visit(carry, client_batches):
@@ -98,10 +98,33 @@ def round(setup: Setup, state: State, data, key):
     return (*take_rows((client.params, client.stats), 0), srv), jnp.sum(lsums)
 
   (p1, s1, srv), lsums = lax.scan(
-      visit, (state.part1, state.part1_stats, sfl.server(state)(plan)), (idx, mask))
+      visit, (state.part1, state.part1_stats, sfl_family.server(state, plan)), (idx, mask))
   new = dataclasses.replace(state, part1=p1, part1_stats=s1, part2=srv.params,
                             part2_stats=srv.stats, server_opt=srv.opt, round=state.round + 1)
   return new, round_metrics(plan, lsums, plan.clients[order])
+
+
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+  """SplitNN for one run: SFL's server rule, built once."""
+
+  setup: Setup
+  rule: split.ServerRule
+
+  def init(self, key):
+    return init(self.setup, key)
+
+  def round(self, state, data, key):
+    return visit_round(self.setup, self.rule, state, data, key)
+
+
+def build(setup: Setup) -> Rounds:
+  return Rounds(setup, sfl_family.serve(setup))
+
+
+def round(setup: Setup, state: State, data, key):
+  """One SplitNN round (:func:`visit_round`)."""
+  return build(setup).round(state, data, key)
 
 
 def output_model(setup: Setup, state: State):
@@ -114,4 +137,4 @@ and up), plus per processed sample the activation and label up and its
 gradient down (``split_communication``)."""
 
 
-METHOD = Method(init, round, output_model, communication, label_rank=label_rank_of)
+METHOD = Method(build, output_model, communication, label_rank=label_rank_of)

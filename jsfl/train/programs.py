@@ -112,12 +112,14 @@ def build_programs(exp, mesh=None):
   if sharded and mesh.shape["seeds"] > 1:
     how = "vmap"  # a rolled loop over a sharded axis would gather it
 
+  algorithm = method.rounds(setup)  # built once for the run's programs
+
   def round_one(state, slot, key, shared):
-    state, m = method.round(setup, state, round_data(slot, shared), key)
+    state, m = algorithm.round(state, round_data(slot, shared), key)
     return state, {**m, "finite": all_finite(state, m["loss"])}
 
   def init_one(key):
-    return method.init(setup, key)
+    return algorithm.init(key)
 
   def eval_one(state, test, mean, std):
     if method.predict is not None:  # outputs that are not one staged model

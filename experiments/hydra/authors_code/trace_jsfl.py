@@ -40,7 +40,6 @@ see the same data.  Run from the repository root with jsfl's environment::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -79,7 +78,7 @@ def main(argv=None) -> None:
   import jsfl.core.data as core_data
   import jsfl.train.evaluate as evaluate_lib
   from jsfl.config import load_config
-  from jsfl.engine import schedule, split
+  from jsfl.engine import schedule, sfl_family, split
   from jsfl.methods import sfl
   from jsfl.train.experiment import prepare
   from jsfl.train.programs import round_data, split_data
@@ -131,7 +130,7 @@ def main(argv=None) -> None:
 
   def round_with(state, live, r, given):
     def plan(*a):
-      p = split.plan_round(*a)
+      p = split.plan_at_round(*a)
       if given is not None:
         idx, mask = given
       else:  # the round's first batch steps (or all of them)
@@ -139,16 +138,15 @@ def main(argv=None) -> None:
         idx, mask = p.idx[:keep], p.mask[:keep]
       return p._replace(idx=idx, mask=mask & live[None, :, None])
 
-    alg = dataclasses.replace(sfl.algorithm(setup, state, loss), plan=plan)
-    out = split.run_round(alg, setup, state, data, jax.random.fold_in(key, r),
-                          label_rank=state.label_rank)
+    alg = sfl_family.algorithm(setup, loss, plan=plan)
+    out = split.run_round(alg, setup, state, data, jax.random.fold_in(key, r))
     # the serving sequence, for the authors' side; segments() of it must give
     # the engine's own serving orders (checked below)
     live = jnp.any(out.plan.mask, axis=2)
     seq = schedule.authors_sequence(setup, out.plan.order_key, live, out.plan.clients,
                                     data.dominant, state.label_rank)
     same = jnp.all(schedule.segments(seq, live).order == out.orders)
-    return (sfl.finish(state, out)[0], out.server, out.plan.idx, out.plan.mask, out.orders,
+    return (sfl_family.finish(state, out)[0], out.server, out.plan.idx, out.plan.mask, out.orders,
             seq, same)
 
   def given_of(name):

@@ -217,34 +217,72 @@ def branch_server(setup: Setup, tx, data, carry, act, y, mask, share):
   return carry, g_a[:act.shape[0]], loss * count
 
 
-def serve(setup: Setup, data, d: Decisions):
+class Context(NamedTuple):
+  """What MultiSFL's planner hands its hooks: the round's decisions and the
+  round's data (the replay gathers its samples from it)."""
+
+  decisions: Decisions
+  data: object
+
+
+def plan(setup: Setup, state: State, data, key) -> RoundPlan:
+  """The branches' plan: :func:`decide`'s main clients and batches (no
+  processing order is drawn from it, the branches being served side by
+  side), with the decisions in its context."""
+  d = decide(setup, state, data, key)
+  return RoundPlan(d.clients, d.sizes, d.idx, d.mask, key,
+                   make_optimizer(setup.momentum, setup.weight_decay), d.lr,
+                   options(setup, data), Context(d, data))
+
+
+def server(state: State, plan: RoundPlan) -> Branches:
+  """Every branch's server portion (its optimiser state kept or rebuilt,
+  ``server_opt``), zero gradient sums and the replay model."""
+  n = plan.clients.shape[0]
+  server_opt = (state.server_opt if plan.options.server_opt == "keep"
+                else jax.vmap(plan.tx.init)(state.part2))
+  return Branches(
+      Portion(state.part2, state.part2_stats,
+              jax.vmap(lambda s: with_lr(s, plan.lr))(server_opt)),
+      jax.tree.map(jnp.zeros_like, state.part2), jnp.zeros((n,), jnp.float32),
+      (state.part1, state.part1_stats))
+
+
+def branches_part1(state: State, plan: RoundPlan):
+  """Every branch's own client portion, a fresh optimiser state each."""
+  return fresh_stack(plan, state.part1, state.part1_stats)
+
+
+def serve(setup: Setup) -> split.ServerRule:
   """MultiSFL's server rule: a server portion per branch
   (:class:`~jsfl.engine.split.PerClientServer`), each branch's step fed its
-  main client's features and its replay share of the step (``d``); the replay
-  model is refreshed from the branch's client portion at an epoch's first
-  step (``replay_model = "epoch"``), and the branch's gradient signal adds
-  its client portion's ``2|g_client|^2``."""
+  main client's features and its replay share of the step (the plan's
+  decisions); the replay model is refreshed from the branch's client
+  portion at an epoch's first step (``replay_model = "epoch"``), and the
+  branch's gradient signal adds its client portion's ``2|g_client|^2``."""
   refresh = options(setup).replay_model == "epoch"
 
-  def make(plan, step: split.Step):
+  def rule(state, plan: RoundPlan, step: split.Step):
+    d, data = plan.context
     t = step.position  # a batch step: the branches are not scheduled by an order
     t_ep = plan.idx.shape[0] // setup.local_epochs   # steps of one local epoch
     epoch_start = t % t_ep == 0
+    ridx, rmask = d.ridx[t], d.rmask[t]
 
-    def piece(setup, tx, client, br: Branches, x, y, mask, share):
+    def piece(setup, tx, client, br: Branches, x, y, mask, k):
       active = jnp.any(mask)
       if refresh:  # a fresh copy of wc_i every epoch
         br = br._replace(replay_model=jax.tree.map(
             lambda new, old: jnp.where(epoch_start, new, old),
             (client.params, client.stats), br.replay_model))
       act, vjp, ns = split.client_forward(setup, client, x, mask)
-      br, g_a, lsum = branch_server(setup, tx, data, br, act, y, mask, share)
+      br, g_a, lsum = branch_server(setup, tx, data, br, act, y, mask, (ridx[k], rmask[k]))
       (g1,) = vjp(g_a)
       br = br._replace(sqsum=br.sqsum + jnp.where(active, 2.0 * sq_norm(g1), 0.0))
       return client.step(tx, g1, ns, active), br, lsum
 
-    return split.PerClientServer(piece, (d.ridx[t], d.rmask[t]))
-  return make
+    return split.PerClientServer(piece)
+  return rule
 
 
 def separate_server_grads(setup: Setup, p2, s2, act, y, mask, ract, yr, rmask):
@@ -295,41 +333,11 @@ def round_bytes(setup: Setup, main_samples, replay_samples, assistants):
   return up, down
 
 
-def round(setup: Setup, state: State, data, key):
-  """One MultiSFL round (steps 1-6 of :mod:`jsfl.methods.multisfl`).
-
-  Args:
-    setup: static run description (``clients_per_round`` = n branches;
-      method options ``replay``, ``p0``, ``p_min``, ``p_max``, ``gamma``,
-      ``alpha``).
-    state: see :class:`State`.
-    data: the round's ``RoundData``.
-    key: this round's PRNG key.
-
-  Returns:
-    ``(state, metrics)``; metrics as listed in docs/methods-multisfl.md#logged-decisions.
-  """
-  o = options(setup, data)
-  d = decide(setup, state, data, key)
-  n = setup.clients_per_round
-  # The branches' plan (``decide`` permuted the drawn one); no processing
-  # order is drawn from it, the branches being served side by side.
-  plan = RoundPlan(d.clients, d.sizes, d.idx, d.mask, key,
-                   make_optimizer(setup.momentum, setup.weight_decay), d.lr)
-  # Client-portion optimiser states are rebuilt every round; the server's per
-  # ``server_opt``.
-  server_opt = (state.server_opt if o.server_opt == "keep"
-                else jax.vmap(plan.tx.init)(state.part2))
-  start = Branches(
-      Portion(state.part2, state.part2_stats,
-                    jax.vmap(lambda s: with_lr(s, d.lr))(server_opt)),
-      jax.tree.map(jnp.zeros_like, state.part2), jnp.zeros((n,), jnp.float32),
-      (state.part1, state.part1_stats))
-  alg = split.SplitAlgorithm(
-      server_init=lambda _: start, server_rule=serve(setup, data, d),
-      client_init=lambda _: fresh_stack(plan, state.part1, state.part1_stats),
-      client_final=None, plan=lambda *_: plan)
-  out = split.run_round(alg, setup, state, data, key)
+def finish(setup: Setup, state: State, out: split.SplitRound):
+  """Steps 5-6: the pull-back of every branch, the gradient signal and the
+  next sampling proportion; the metrics listed in
+  docs/methods-multisfl.md#logged-decisions."""
+  o, d = out.plan.options, out.plan.context.decisions
   p1, s1 = out.clients.params, out.clients.stats
   p2, s2, opt2 = out.server.server.params, out.server.server.stats, out.server.server.opt
   gsum, sqsum = out.server.gsum, out.server.sqsum
@@ -372,6 +380,21 @@ def round(setup: Setup, state: State, data, key):
   return new, metrics
 
 
+def build(setup: Setup) -> split.SplitRounds:
+  """MultiSFL for a run (steps 1-6 of :mod:`jsfl.methods.multisfl`):
+  ``clients_per_round`` = n branches; method options ``replay``, ``p0``,
+  ``p_min``, ``p_max``, ``gamma``, ``alpha``."""
+  alg = split.SplitAlgorithm(server_init=server, server_rule=serve(setup),
+                             schedule=split.batch_steps, client_init=branches_part1,
+                             client_final=None, plan=plan)
+  return split.SplitRounds(setup, alg, init, finish)
+
+
+def round(setup: Setup, state: State, data, key):
+  """One MultiSFL round (:func:`build`)."""
+  return build(setup).round(state, data, key)
+
+
 def authors_round_bytes(setup: Setup, main_samples, sizes, p, assistants):
   """Bytes ``(up, down)`` of a round as the authors' code counts its traffic:
   every branch's client portion down and up, the main features up and their
@@ -406,5 +429,5 @@ def communication(setup: Setup, samples: int):
   return split_communication(setup, samples)
 
 
-METHOD = Method(init, round, output_model, communication, validate=validate,
+METHOD = Method(build, output_model, communication, validate=validate,
                 options=MultiSFLOptions)
