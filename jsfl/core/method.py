@@ -20,7 +20,8 @@ class Method:
 
   * ``init(setup, key) -> state``: a pytree;
   * ``round(setup, state, data, key) -> (state, metrics)``: one round, pure
-    and jittable; the runner maps it over the seed axis and jits it once.
+    and jittable; :mod:`jsfl.train.programs` maps it over the slot axis and
+    jits it once.
     ``METHOD.round``'s metrics always hold the round's ``bytes_up`` /
     ``bytes_down``: the round's own count when it returns one (MultiSFL's
     replay traffic), else ``communication`` of its ``samples``;
