@@ -37,7 +37,7 @@ table per round (no DataLoader, no host-to-device copy per batch), and the
 loss is accumulated on the device (no ``.item()`` sync per step).  Optimiser:
 ``torch.optim.SGD`` with momentum and weight decay as jsfl's
 ``make_optimizer``; client optimisers are rebuilt every round, server
-ones persist (SPEC 1.3, as in jsfl).
+ones persist (docs/setting.md#optimisation, as in jsfl).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def build_stages(name: str, num_classes: int = 10, width: float = 1.0, cin: int 
 # ----------------------------------------------------------------- helpers
 @dataclasses.dataclass
 class Config:
-  """A torch-loop run, mirroring the fields of jsfl's ``methods.base.Setup``.
+  """A torch-loop run, mirroring the fields of jsfl's ``core.setup.Setup``.
 
   Attributes:
     model: one of ``MODELS``.

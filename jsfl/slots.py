@@ -3,10 +3,11 @@
 A *slot* is one run: its seed, its values of every batchable option and its
 own partition draw.  Runs whose configs agree on everything else (the
 *static signature*: dataset, model, cut, method and its static options,
-clients, batch size, epochs, rounds, execution) are slots of one program;
-the slot axis is the seed axis the runner has always had, now carrying per
-slot the values a round reads as traced scalars (``data["hyper"]``) and the
-client index tables drawn host-side from each slot's partition options.
+clients, batch size, epochs, rounds, execution) are slots of one program.
+The slot axis is a run's seed axis widened: per slot it carries the values a
+round reads as traced scalars (``RoundData.hyper``, read through
+:func:`jsfl.core.data.round_options`) and the client index tables drawn
+host-side from each slot's partition options.
 
 What is batchable is declared once, on the options themselves
 (:class:`jsfl.options.Option` ``batchable``): the optimiser's ``lr``,

@@ -96,7 +96,8 @@ def test_hydra_table1_is_one_program_per_method_and_phi():
 
 
 def test_multisfl_authors_steps_spec_cell_is_spec_reading():
-  # the sweep spells SPEC's reading out option by option: it must stay the library's
+  # the sweep spells the paper's reading (docs/methods-multisfl.md#config-keys) out
+  # option by option: it must stay the library's
   from jsfl.methods.multisfl import PAPER_READING
   sw = _resolved(EXPERIMENTS / "multisfl" / "authors_steps.toml")
   spec = [c.cfg["method"] for c in sw.cells if c.cfg["method"].get("p_rule") == "spec"]

@@ -36,7 +36,8 @@ from jsfl.rundir import read_metrics
 
 # ---------------------------------------------------------------- grouping
 def ref_grouping(rho, table, G):
-  """SPEC 3's corrected Algorithm 2, literally."""
+  """The paper's Algorithm 2 with its indices corrected, literally
+  (docs/methods-hydra.md, ``grouping = "algorithm2"``)."""
   rho_g = np.zeros((rho.shape[0], G), np.int64)
   for label, g in enumerate(table):
     rho_g[:, g] += rho[:, label]

@@ -1,4 +1,4 @@
-"""Tests of jsfl.metrics against hand-computed values (SPEC 1.4)."""
+"""Tests of jsfl.metrics against hand-computed values (docs/setting.md#metrics)."""
 
 import chex
 import jax

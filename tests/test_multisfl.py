@@ -261,7 +261,7 @@ def test_step_shares_use_every_replay_sample_once():
 # ---------------------------------------------- MultiSFL loop equivalence
 MS_SIZES = [13, 7, 20, 5, 9, 11, 6]
 MS_DATA = make_fed_data(MS_SIZES, seed=1)
-SPEC = multisfl.PAPER_READING  # the cases below were written for SPEC 4's reading
+SPEC = multisfl.PAPER_READING  # the cases below were written for the paper's reading
 CASES = {
     # replay with the adaptive proportion; cut 1 puts a BatchNorm conv stage in
     # the server portion, so replay and main features share a BN batch
@@ -419,7 +419,7 @@ def ref_multisfl(setup, data, key, rounds):
         s1[i] = ns1
         lsum += float(loss) * m_all.sum()
         cnt += m_all.sum()
-    # Eq. 5 and SPEC 4.6
+    # Eq. 5 (docs/methods-multisfl.md#adaptive-proportion)
     sq = [sum(float(jnp.sum((g / steps[i]) ** 2)) for g in jax.tree.leaves(gsum[i]))
           for i in range(n)]
     fgn_now = float(np.mean([-lr * s for s in sq]))

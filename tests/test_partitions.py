@@ -1,4 +1,4 @@
-"""Tests of jsfl.partitions (SPEC 1.1)."""
+"""Tests of jsfl.partitions (docs/setting.md#partitions)."""
 
 import numpy as np
 import pytest

@@ -42,7 +42,7 @@ SERIES = {
 
 
 def make_records(series=SERIES, num_labels=4, method="sfl", cyclic=True):
-  """One record per round and seed, shaped like the runner's."""
+  """One record per round and seed, shaped like a run's (``train.records``)."""
   recs = []
   rounds = len(next(iter(series.values()))["accuracy"])
   for r in range(rounds):
@@ -72,7 +72,7 @@ def write_run(path, config_changes=None, records=None, num_labels=4, raw_lines=N
     records: metrics records (default: :func:`make_records`).
     num_labels: labels of the partition and the records.
     raw_lines: metrics.jsonl lines as text, written instead of ``records``.
-    summary: write summary.json (as the runner does) from ``records``.
+    summary: write summary.json (as a run does) from ``records``.
   """
   os.makedirs(path, exist_ok=True)
   cfg = copy.deepcopy(BASE_CONFIG)
@@ -294,7 +294,7 @@ def test_cli_report_without_runs_is_an_error(tmp_path, capsys):
 
 
 def test_report_of_the_committed_core_runs_matches_their_summaries():
-  # Real runner output: the report's figures are the ones the run wrote.
+  # Real runs' output: the report's figures are the ones the run wrote.
   if not os.path.isdir(CORE_RUNS):
     pytest.skip("experiments/core/results/core not present")
   rep = report.build_report([CORE_RUNS])

@@ -1,5 +1,6 @@
 """Sequential FL (FedSeq, SFedKD, CWC) and the parallel baselines (FedProx,
-FedCurv, FedNTD) against plain loops and direct numpy formulas (SPEC 5).
+FedCurv, FedNTD) against plain loops and direct numpy formulas
+(docs/methods-sequential.md).
 
 The round references loop in Python over rounds, clients in sequence order and
 batch steps, with jitted per-client pieces and the hand-written PyTorch-style

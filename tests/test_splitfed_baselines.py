@@ -1,4 +1,5 @@
-"""SplitFed-family baselines (SPEC 2): SplitFedV3, SplitNN, MultiHead, MergeSFL.
+"""SplitFed-family baselines (docs/methods-splitfed.md): SplitFedV3, SplitNN,
+MultiHead, MergeSFL.
 
 Each vectorised round is compared with a plain per-client Python loop of the
 same math (the style of ``test_methods_equivalence``: per-client jitted
@@ -414,7 +415,7 @@ def test_one_client_splitnn_and_mergesfl_equal_sfl():
     np.testing.assert_allclose(la, l_ref, **TOL)
 
 
-# ------------------------------------------------------- runner and bytes
+# ------------------------------------------- whole runs (train.run) and bytes
 @pytest.mark.parametrize("name, extra", [
     ("splitfedv3", []), ("splitnn", ["method.order=fixed"]),
     ("multihead", ["method.head_cut=2"]), ("mergesfl", [])])

@@ -30,7 +30,9 @@ class Method:
   known by the module's name (``jsfl.methods.catalog``).
 
   * ``build(setup) -> Algorithm``: the method's algorithm for a run, built
-    once (:class:`Algorithm`); :meth:`rounds` is it with the round's traffic
+    once (:class:`Algorithm`); :mod:`jsfl.train.programs` maps its
+    ``init`` and ``round`` over the slot axis and jits them once;
+    :meth:`rounds` is it with the round's traffic
     in its metrics: ``bytes_up`` / ``bytes_down``, the round's own count
     when it returns one (MultiSFL's replay traffic), else
     ``communication`` of its ``samples``;

@@ -6,7 +6,8 @@ decoded with Pillow (a dependency of jsfl; no TensorFlow), converted to RGB
 (:mod:`jsfl.data.cache`) by a pool of threads (Pillow's decoders release the
 GIL).  An image of the wrong size, an unreadable or truncated image, a class
 folder or label the dataset does not have, and a missing file are each a
-:class:`BadDataFile` or :class:`DatasetNotFound` naming the file.
+:class:`~jsfl.data.idx.BadDataFile` or :class:`~jsfl.data.idx.DatasetNotFound`
+naming the file.
 
 * Tiny-ImageNet: ``tiny-imagenet-200/`` with ``wnids.txt``,
   ``train/<wnid>/images/*.JPEG`` and ``val/val_annotations.txt`` +

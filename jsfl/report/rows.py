@@ -266,7 +266,7 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
       compared with seed by seed (:func:`paired_difference`).
     best_ma: if > 0, also the MultiSFL authors' figure: per seed the best
       ``best_ma``-round moving average of accuracy, then median +- std over
-      seeds (:func:`best_moving_average`).
+      seeds (:func:`jsfl.statistics.best_moving_average`).
     reference: a reference CSV (:func:`read_reference`): the paper's figure
       of every row, shown beside jsfl's.
 
