@@ -78,14 +78,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Files whose stale references are fixed by other work (the engine and
 # methods refactor owns them): file -> what is stale and its correct target.
-PENDING: dict[str, str] = {
-  "jsfl/methods/sfl.py": (
-    "line 4, a section number after the docs page -> docs/methods-splitfed.md#sfl--splitfedv2-sfl;"
-    " line 8, the server rule -> jsfl.engine.split.SequentialServer"),
-  "jsfl/train/compile_cache.py": (
-    "line 6, the page of measured times -> "
-    "benchmarks/README.md#compile_cachepy-time-to-the-first-round-with-the-compilation-cache"),
-}
+PENDING: dict[str, str] = {}
 
 ROOTS = ("jsfl", "docs", "tests", "benchmarks", "experiments")
 PACKAGES = ("core", "engine", "methods", "models", "partitions", "report", "train")

@@ -1,4 +1,4 @@
-"""FedNTD in its SFL form (docs/methods-sequential.md, last paragraph): the SFL workflow whose
+"""FedNTD in its SFL form (docs/methods-multisfl.md#sfl-form-baselines): the SFL workflow whose
 server loss is FedNTD's.
 
 FedNTD: Lee et al., "Preservation of the Global Knowledge by Not-True

@@ -71,8 +71,8 @@ class State:
 def init(setup: Setup, key) -> State:
   """n identical branches (one initial model copied), empty score history,
   ``p = p_0`` (0 with replay off).  Its options are checked host-side by
-  ``validate`` (the runner's hook): alpha, gamma and p_min may be traced
-  per-slot values here."""
+  ``validate`` (``Method.validate``, before anything is written): alpha,
+  gamma and p_min may be traced per-slot values here."""
   params, stats = setup.model.init(key)
   c, n = setup.cut, setup.clients_per_round
   tx = make_optimizer(setup.momentum, setup.weight_decay)
@@ -108,8 +108,8 @@ class Decisions(NamedTuple):
 def decide(setup: Setup, state: State, data, key) -> Decisions:
   """Main clients, batches, scores, quotas and the replay of one round.
 
-  Pure and jittable; :func:`round` calls it with the round's key (tests call
-  it to replay the same decisions in a loop reference).
+  Pure and jittable; the planner (:func:`plan`) calls it with the round's
+  key (tests call it to replay the same decisions in a loop reference).
   """
   o = options(setup, data)
   k_plan, k_branch, k_pool, k_take, k_slots = jax.random.split(key, 5)
