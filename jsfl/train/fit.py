@@ -104,6 +104,8 @@ def fit(exp, progs, seed_keys, slot, shared, mesh, limit: int | None = None,
   n = len(exp.seeds)
   if not sharding.is_trivial(mesh):  # each device holds its share of the slots
     return progs
+  if not hasattr(rnd, "lower"):  # a round that is not one jitted program
+    return progs
   limit = memory.device_memory() if limit is None else limit
   size = min(exp.cfg["exec"]["max_slots"] or n, n)
   while True:
