@@ -207,7 +207,7 @@ def jsfl_run(cell: str, model: str, rounds: int, seeds: int, jsfl: list[str],
   walls = {r["round"]: r["wall_s"] for r in recs}
   # rounds 2.. (round 1 compiles); round 1 when it is the only one (smoke runs)
   later = [r for r in recs if r["round"] > 1] or recs
-  train = sum(r["wall_s"] for r in later)
+  train = sum(walls[k] for k in {r["round"] for r in later})  # one record a slot a round
   return {"side": "jsfl", "cell": cell, "seeds": seeds, "rounds": rounds, "cache": cache,
           "samples_per_s_per_seed": sum(r["samples"] for r in later) / train / seeds,
           "process_s_per_seed_run": total / seeds, "first_round_s": first,
