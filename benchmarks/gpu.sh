@@ -97,7 +97,8 @@ vs_authors() {
   # jsfl's: start-up and a cold compilation of 20-70 s, then ~1 s a round).
   # The part stops at 470 s; a cell pair is started only before its model's
   # deadline (small CNN 2/5 of DEADLINE, MobileNetV1 DEADLINE, from the part's
-  # start), so sfl_cyclic of both models runs first and hydra_cyclic where time is left.
+  # start), so each model gets SFL cyclic and Hydra cyclic follows where time
+  # is left (expected: both small-CNN cells and MobileNetV1's SFL, ~390 s).
   local t0=$SECONDS n=${NSEEDS:-8} deadline=${DEADLINE:-300} used
   local budget=$((limit < 470 ? limit : 470)) threads=$(($(nproc) / n))
   local limit  # part's time limit, this model's share of the budget
