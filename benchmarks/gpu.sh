@@ -8,19 +8,22 @@
 #
 # Usage: bash benchmarks/gpu.sh [--smoke] [PART...]
 #   parts: fill seed_kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18
-#          throughput scaling sweep (default: all, in that order; run them one call
-#          each where a call is time-limited; fill first: it sets the GPU defaults)
+#          throughput scaling sweep vs_authors (default: all, in that order; run them one
+#          call each where a call is time-limited; fill first: it sets the GPU defaults)
 #   --smoke: the same scripts at toy sizes on any backend (the test suite runs
-#          it on the CPU); vs_torch is skipped where torch is not installed.
-# Env: OUT (benchmarks/results/gpu-<host>-<date>), PYTHON (python), LIMIT (540 s a part),
-#      DEADLINE (fill, seed_kernels: no cell started after it; 400 s).
+#          it on the CPU); vs_torch is skipped where torch is not installed, vs_authors
+#          where torch or .gpu_carry (the authors' adapted clone, Fashion-MNIST) is not there.
+# Env: OUT (benchmarks/results/gpu-<host>-<date>), PYTHON (python), LIMIT (540 s a part;
+#      vs_authors: 470 s at most, in all), DEADLINE (fill, seed_kernels: no cell started
+#      after it, 400 s; vs_authors: 300 s); vs_authors: PY (the authors' python, python3),
+#      CLONE (.gpu_carry/Hydra), FMNIST_DIR (.gpu_carry/fmnist), NSEEDS (8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 smoke=0
 if [[ ${1:-} == --smoke ]]; then smoke=1; shift; fi
 parts=("$@")
 [[ ${#parts[@]} -gt 0 ]] || parts=(fill seed_kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl
-                                   vs_torch_resnet18 throughput scaling sweep)
+                                   vs_torch_resnet18 throughput scaling sweep vs_authors)
 # The benchmarks import jsfl from this checkout whether or not it is installed.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python}
@@ -52,6 +55,69 @@ vs_torch() {  # vs_torch NAME MODEL [vs_torch.py args...]
     # worker start-up), so MultiSFL and the whole-model step are a part of their own.
     part "$name" vs_torch.py --models "$model" --clients 10 --seeds 1 8 --repeats 3 "$@"
   fi
+}
+
+# vs_authors: the Hydra authors' scripts as a user runs them (one process per
+# seed, side by side on the card) against jsfl (the seeds as slots of one
+# program) on the small-CNN and MobileNetV1 x0.5 cross-check cells, each at
+# its own rounds (15, 10): seed-runs per hour (benchmarks/hydra_vs_authors.py).
+# Their adapted clone and the Fashion-MNIST files come from .gpu_carry
+# (benchmarks/README.md, "The authors' code on a GPU").
+vs_authors() {
+  local clone=${CLONE:-.gpu_carry/Hydra} data=${FMNIST_DIR:-.gpu_carry/fmnist}
+  local apy=${PY:-python3} missing=() device=cpu model why
+  [[ -f $clone/.jsfl_adapted ]] || missing+=("their adapted clone $clone")
+  [[ -d $data ]] || missing+=("Fashion-MNIST $data")
+  "$apy" -c "import torch" 2>/dev/null || missing+=("torch in $apy")
+  if ((${#missing[@]})); then
+    why=$(printf '%s, ' "${missing[@]}")
+    if ((smoke)); then
+      echo "== vs_authors: skipped (missing: ${why%, })" | tee "$out/vs_authors.log"
+      return
+    fi
+    echo "vs_authors: missing: ${why%, }; carry .gpu_carry (benchmarks/README.md," \
+         "\"The authors' code on a GPU\")" >&2
+    exit 2
+  fi
+  # their --device: cuda where their torch sees a GPU
+  "$apy" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null && device=cuda
+  local common=(--clone "$clone" --py "$apy" --data-dir "$data" --device "$device"
+                --jsfl "$(printf %q "$py") -m jsfl" --repeats 1)
+  if ((smoke)); then
+    for model in small_cnn mobilenet; do
+      part "vs_authors_$model" hydra_vs_authors.py "${common[@]}" --model "$model" \
+        --cells sfl_cyclic --rounds 1 --procs 1 --seeds 1
+    done
+    return
+  fi
+  # N seeds: N of their processes (cores / N torch threads each) against N slots.
+  # Estimated on an H100 from the figures in benchmarks/README.md: a small-CNN
+  # cell pair ~100 s, a MobileNetV1 pair ~170 s (their side: ~15 s start-up, a
+  # round's training launch-bound on the card and their evaluation on the CPU;
+  # jsfl's: start-up and a cold compilation of 20-70 s, then ~1 s a round).
+  # The part stops at 470 s; a cell pair is started only before its model's
+  # deadline (small CNN 2/5 of DEADLINE, MobileNetV1 DEADLINE, from the part's
+  # start), so each model gets SFL cyclic and Hydra cyclic follows where time
+  # is left (expected: both small-CNN cells and MobileNetV1's SFL, ~390 s).
+  local t0=$SECONDS n=${NSEEDS:-8} deadline=${DEADLINE:-300} used
+  local budget=$((limit < 470 ? limit : 470)) threads=$(($(nproc) / n))
+  local limit  # part's time limit, this model's share of the budget
+  ((threads >= 1)) || threads=1
+  local -A rounds=([small_cnn]=15 [mobilenet]=10)
+  local -A until=([small_cnn]=$((deadline * 2 / 5)) [mobilenet]=$deadline)
+  for model in small_cnn mobilenet; do
+    used=$((SECONDS - t0))
+    limit=$((budget - used))
+    if ((used >= until[$model])); then
+      echo "== vs_authors_$model: not started (${used} s into the part, past its deadline)" |
+        tee "$out/vs_authors_$model.log"
+      continue
+    fi
+    part "vs_authors_$model" hydra_vs_authors.py "${common[@]}" --model "$model" \
+      --cells sfl_cyclic hydra_cyclic \
+      --rounds "${rounds[$model]}" --procs "$n" --seeds "$n" --threads "$threads" \
+      --deadline "$((until[$model] - used))" || echo "== vs_authors_$model: exit $?"
+  done
 }
 
 for p in "${parts[@]}"; do
@@ -94,8 +160,10 @@ for p in "${parts[@]}"; do
       else
         part sweep sweep.py --rounds 5 --train-size 60000 --test-size 10000
       fi ;;
+    vs_authors) vs_authors ;;  # the Hydra authors' scripts side by side against jsfl
     *) echo "unknown part '$p'; allowed: fill seed_kernels vs_torch_mobilenet" \
-            "vs_torch_mobilenet_multisfl vs_torch_resnet18 throughput scaling sweep" >&2
+            "vs_torch_mobilenet_multisfl vs_torch_resnet18 throughput scaling sweep" \
+            "vs_authors" >&2
        exit 2 ;;
   esac
 done

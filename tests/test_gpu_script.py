@@ -42,3 +42,54 @@ def test_gpu_script_rejects_unknown_part(tmp_path):
                         env=env, capture_output=True, text=True, timeout=60, check=False)
   assert proc.returncode == 2
   assert "unknown part 'warp'; allowed:" in proc.stderr
+
+
+def _authors_python() -> str:
+  """The authors' side's Python: $PY, else the venv of
+  experiments/hydra/authors_code/README.md's recipe, else python3."""
+  venv = pathlib.Path("/work/authors/venv/bin/python")
+  return os.environ.get("PY") or (str(venv) if venv.exists() else "python3")
+
+
+def test_gpu_script_vs_authors_smoke(tmp_path):
+  """Their scripts (the adapted clone in .gpu_carry) and jsfl on the
+  small-CNN and MobileNetV1 cells, 1 round, 1 seed each, on the CPU."""
+  carry = ROOT / ".gpu_carry"
+  if not (carry / "Hydra/.jsfl_adapted").is_file() or not (carry / "fmnist").is_dir():
+    pytest.skip("needs .gpu_carry/Hydra (the authors' adapted clone) and .gpu_carry/fmnist "
+                "(benchmarks/README.md, \"The authors' code on a GPU\")")
+  py = _authors_python()
+  if subprocess.run([py, "-c", "import torch"], capture_output=True, check=False).returncode:
+    pytest.skip(f"needs torch in the authors' Python ({py}; set PY)")
+  env = {**os.environ, "PYTHON": sys.executable, "PY": py, "OUT": str(tmp_path),
+         "LIMIT": "400", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--smoke", "vs_authors"],
+                        env=env, capture_output=True, text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  for model in ("small_cnn", "mobilenet"):
+    (path,) = tmp_path.glob(f"hydra_vs_authors-{model}-*.json")
+    res = json.loads(path.read_text())
+    assert res["finished"] and res["machine"]["backend"] == "cpu", res["machine"]
+    assert pathlib.Path(res["args"]["data_dir"]).resolve() == (carry / "fmnist").resolve()
+    assert {r["side"] for r in res["rows"]} == {"authors", "jsfl"}
+    (cell,) = res["summary"]
+    assert cell["cell"] == "sfl_cyclic"
+    assert min(cell["seed_runs_per_hour"].values()) > 0
+    assert cell["seed_runs_per_hour_ratio"] > 0
+
+
+def test_gpu_script_vs_authors_without_carry(tmp_path):
+  """Without the clone: the smoke form skips, the GPU form stops before any
+  work and names what to carry."""
+  env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path),
+         "CLONE": str(tmp_path / "none"), "FMNIST_DIR": str(tmp_path / "none"),
+         "PY": sys.executable}
+  gpu = ["bash", str(ROOT / "benchmarks/gpu.sh")]
+  smoke = subprocess.run([*gpu, "--smoke", "vs_authors"], env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+  assert smoke.returncode == 0, smoke.stderr[-2000:]
+  assert "vs_authors: skipped (missing: their adapted clone" in smoke.stdout
+  full = subprocess.run([*gpu, "vs_authors"], env=env, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert full.returncode == 2
+  assert "carry .gpu_carry" in full.stderr

@@ -15,6 +15,10 @@
 #        CELL_MAJOR=1  every seed of a cell before the next cell (default: seed
 #               after seed, so a stopped queue leaves every cell short)
 #        THREADS torch threads (1)
+#        DEVICE their --device (cpu; cuda on a GPU: training there, their
+#               evaluation stays on the CPU as their scripts do it)
+#        FMNIST_DIR  Fashion-MNIST's IDX files (fmnist_idx.py; default
+#               /usr/share/datasets/fashion-mnist)
 set -uo pipefail
 [[ $# -eq 1 ]] || { echo "usage: bash run.sh LOG_DIR" >&2; exit 2; }
 model=${MODEL:-small_cnn}
@@ -31,10 +35,10 @@ export OMP_NUM_THREADS=${THREADS:-1} MKL_NUM_THREADS=${THREADS:-1} PYTHONUNBUFFE
 # jsfl's fmnist.toml / fmnist_mobilenet.toml setting: 10 clients, their 80%
 # dominant-label split (--partition_method dl --alpha 4) of jsfl's stratified
 # 6,000-image subset, batch 64, SGD lr 0.05 x 0.993 per round (floor 0.005),
-# no momentum, 1 local epoch, CPU.
+# no momentum, 1 local epoch; on DEVICE (cpu unless set).
 common=(--model_name "$model" --dataset_type fashion-mnist --num_clients 10
         --partition_method dl --alpha 4 --batch_size 64 --training_lr 0.05
-        --decay_rate 0.993 --min_lr 0.005 --epoch "$rounds" --device cpu
+        --decay_rate 0.993 --min_lr 0.005 --epoch "$rounds" --device "${DEVICE:-cpu}"
         --train_subset 6000 --threads "${THREADS:-1}" "${extra[@]}")
 
 # cell -> script and its options (phi: the batches of one client the server
