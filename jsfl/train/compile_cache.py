@@ -3,8 +3,8 @@
 Compiled programs are keyed by XLA on the program, the devices and the
 versions; a second start of the same config, a ``--resume`` and every
 program of a sweep that another run compiled before skip compilation and
-load the executable from disk (``benchmarks/README.md#compile_cachepy-time-to-the-first-round-with-the-compilation-cache``
-has the measured times).
+load the executable from disk (the measured times: ``benchmarks/README.md``,
+"compile_cache.py").
 
 Where: ``exec.compile_cache`` = ``auto`` takes ``$JSFL_COMPILE_CACHE`` if set,
 else ``$XDG_CACHE_HOME/jsfl/xla`` (``~/.cache/jsfl/xla``); ``off`` (or the
