@@ -65,10 +65,11 @@ every rule's weights sum to 1 (that implementation divides every weighted
 sum by M instead: EBKD there is ``(M - 1) / M`` and CA-MKD ``1 / M`` times the
 term here, a factor of ``kd_weight``); logit distillation only: You et al.'s
 intermediate-layer dissimilarity term and CA-MKD's intermediate-feature term
-(learned adapters) are not implemented, nor Kwon et al.'s entropy-adaptive
-balance of the hard and soft labels (the CE weight stays 1).
-``kd_weight = 1`` is the CA-MKD implementation's coefficient; SFedKD gives
-none for its baselines.  The DKD options (``alpha_t``, ``beta_t``, ``eps``,
+(learned adapters) are not implemented, nor any adaptive balance of the CE
+and KD terms (the CE weight stays 1, as in that implementation).
+``kd_weight = 1`` and T = 4 are the CA-MKD implementation's defaults; SFedKD
+gives neither for its baselines, nor how they pick teachers (here SFedKD's
+``selection`` and ``num_teachers``).  The DKD options (``alpha_t``, ``beta_t``, ``eps``,
 ``smooth``, ``metric``, ``tc_weights``, ``nc_weights``) do not enter these
 terms.
 
