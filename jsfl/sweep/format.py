@@ -273,9 +273,12 @@ def load_sweep(path: str, out_dir: str | None = None) -> Sweep:
       check_value(path, "[grid]", k, v)
   # each axis: its key and its values, a value being (pairs, label or None)
   axes = [(k, [([(k, v)], None) for v in values]) for k, values in axes]
-  for section, tables in [*sections.items(), *named.items()]:
+  labelled: dict[str, list[tuple[str | None, Any]]] = {
+    s: [(None, t) for t in ts] for s, ts in sections.items()}
+  labelled.update({s: list(ts.items()) for s, ts in named.items()})
+  for section, tables in labelled.items():
     sets = []
-    for label, t in (tables.items() if section in named else ((None, t) for t in tables)):
+    for label, t in tables:
       if label is not None:
         check_name(path, f"[grid.{section}]", label)
       pairs = flatten({section: t}, "[grid]", path)
