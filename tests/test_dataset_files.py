@@ -17,6 +17,8 @@ import json
 import os
 import pathlib
 import pickle
+import shutil
+import subprocess
 import sys
 import tarfile
 
@@ -469,6 +471,28 @@ def test_second_load_reads_the_cache(fixtures, cache_root, monkeypatch):
   assert {p.name: p.stat().st_mtime_ns for p in entries[0].iterdir()} == stamp
   _same(again, expected)
   assert isinstance(again.x_train.base, np.memmap) or isinstance(again.x_train, np.memmap)
+
+
+def test_a_killed_decodes_temporary_directory_is_removed_by_the_next(fixtures, cache_root):
+  path, expected = fixtures["tiny_imagenet"]
+  data.load_dataset("tiny_imagenet", path=str(path))
+  decoded = cache_root / "tiny_imagenet" / "decoded"
+  (entry,) = decoded.iterdir()
+  shutil.rmtree(entry)
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  left = {
+      "dead_here": cache._tmp_prefix(entry.name, pid=dead.pid) + "abc_1",
+      "alive_here": cache._tmp_prefix(entry.name) + "abc_2",
+      "dead_elsewhere": cache._tmp_prefix(entry.name, pid=dead.pid, host="other-host") + "abc3",
+      "other_key": cache._tmp_prefix("0" * len(entry.name), pid=dead.pid) + "abc4",
+  }
+  for name in left.values():
+    (decoded / name).mkdir()
+    (decoded / name / "x_train.npy").write_bytes(b"half")
+  _same(data.load_dataset("tiny_imagenet", path=str(path)), expected)
+  assert sorted(p.name for p in decoded.iterdir()) == sorted(
+      [entry.name, *(left[k] for k in ("alive_here", "dead_elsewhere", "other_key"))])
 
 
 def test_a_changed_source_file_is_decoded_again(tmp_path, cache_root, monkeypatch):

@@ -20,8 +20,11 @@ file flushed to disk, and published with one ``os.replace`` of the
 directory: a reader sees a whole entry or none, never a half-written one.
 A decode that fails (a damaged source file, an interrupt) removes its
 temporary directory and the directories it created, so nothing is left
-behind.  Two processes decoding the same source at once both succeed; the
-second to finish discards its copy and reads the first's.
+behind.  A decode killed outright (SIGKILL, power loss) cannot clean up: its
+temporary directory is named after its process and host, and the next decode
+of the same entry on that host removes it once that process is gone.  Two
+processes decoding the same source at once both succeed; the second to finish
+discards its copy and reads the first's.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import math
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -212,6 +216,33 @@ def _drop_superseded(parent: pathlib.Path, plan: Plan, keep: str) -> None:
       shutil.rmtree(entry, ignore_errors=True)
 
 
+def _tmp_prefix(key: str, pid: int | None = None, host: str | None = None) -> str:
+  """A temporary entry's name up to mkdtemp's random suffix (which has no
+  '-'): the entry key, then the decoding process as ``pid@host``."""
+  return f".tmp-{key}-{os.getpid() if pid is None else pid}@{host or socket.gethostname()}-"
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
+
+
+def _drop_abandoned(parent: pathlib.Path, key: str) -> None:
+  """Removes the temporary directories of ``key`` left by decodes on this
+  host whose process no longer runs (a SIGKILL gives no chance to clean up);
+  another host's, or a running process's, stay."""
+  head, host = f".tmp-{key}-", socket.gethostname()
+  for p in parent.glob(f"{head}*@*-*"):
+    pid, _, rest = p.name[len(head):].partition("@")
+    if pid.isdigit() and rest.rpartition("-")[0] == host and not _alive(int(pid)):
+      shutil.rmtree(p, ignore_errors=True)
+
+
 def load(plan: Plan, cache_root: pathlib.Path) -> dict[str, np.ndarray]:
   """The plan's arrays: from its cache entry, decoding them first if none.
 
@@ -243,7 +274,8 @@ def load(plan: Plan, cache_root: pathlib.Path) -> dict[str, np.ndarray]:
   tmp = None
   try:
     made = _made_dirs(parent)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=f".tmp-{key}-"))
+    _drop_abandoned(parent, key)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=_tmp_prefix(key)))
     shapes = _decode(plan, tmp)
     meta = {"format": FORMAT_VERSION, "name": plan.name, "params": plan.params,
             "root": str(plan.root.resolve()), "files": len(plan.files), "shapes": shapes}
