@@ -333,8 +333,45 @@ def ref_logits(model, p, s, x):
   return model.apply(p, s, x, train=False)[0]
 
 
+@functools.partial(jax.jit, static_argnums=(0, 7))
+def ref_mkd_grad(model, p, s, x, y, m, tl, rule, lam, t):
+  """CE + lam KD of a multi-teacher KD baseline, written as in the CA-MKD
+  authors' code (per-teacher ``KLDivLoss(reduction='none')`` at T times
+  T^2, weights from the teachers' entropies / cross-entropies at T = 1)
+  with each sample's weights divided to sum to 1; AVER as You et al. write
+  it, KL from the teachers' averaged soft labels."""
+  num_t = tl.shape[0]
+
+  def loss(p):
+    zs, ns = model.apply(p, s, x, train=True, mask=m)
+    mf = m.astype(jnp.float32)
+    cnt = jnp.maximum(mf.sum(), 1.0)
+    log_q = jax.nn.log_softmax(zs / t, axis=-1)
+    pt = [jax.nn.softmax(tl[k] / t, axis=-1) for k in range(num_t)]
+    if rule == "aver":
+      p_bar = sum(pt) / num_t
+      kd = (p_bar * (jnp.log(p_bar) - log_q)).sum(-1) * t * t
+    else:
+      if rule == "ebkd":
+        ent = [-(jax.nn.softmax(tl[k], -1) * jnp.log(jax.nn.softmax(tl[k], -1))).sum(1)
+               for k in range(num_t)]
+        w = [(1.0 - e / sum(ent)) / (num_t - 1) for e in ent]
+      else:
+        ce = jnp.stack([-jnp.log(jax.nn.softmax(tl[k], -1))[jnp.arange(len(y)), y]
+                        for k in range(num_t)])
+        att = jax.nn.softmax(ce, axis=0)
+        w = [(1.0 - att[k]) / (num_t - 1) for k in range(num_t)]
+      kd = sum(w[k] * (pt[k] * (jnp.log(pt[k]) - log_q)).sum(-1) * t * t
+               for k in range(num_t))
+    ce = masked_cross_entropy(zs, y, m)
+    return ce + lam * (kd * mf).sum() / cnt, (ns, ce)
+  (_, (ns, ce)), g = jax.value_and_grad(loss, has_aux=True)(p)
+  return ce, ns, g
+
+
 def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None):
-  """FedSeq / SFedKD (``kd``) / CWC (``cwc_opts``) with plain loops."""
+  """FedSeq / SFedKD (``kd``; with ``kd["rule"]`` a KD baseline's loss
+  instead of DKD) / CWC (``cwc_opts``) with plain loops."""
   model = setup.model
   st = mod.init(setup, key)
   params, stats = st.params, st.stats
@@ -362,7 +399,11 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None):
         if not mask[t, c].any():
           continue
         x, y = gather(data, idx[t, c])
-        if teachers is not None:
+        if teachers is not None and kd.get("rule", "dkd") != "dkd":
+          tl = jnp.stack([ref_logits(model, tp, ts, x) for tp, ts in teachers])
+          loss, ns, g = ref_mkd_grad(model, p, s, x, y, mask[t, c], tl, kd["rule"],
+                                     kd["lam"], kd["t"])
+        elif teachers is not None:
           tl = jnp.stack([ref_logits(model, tp, ts, x) for tp, ts in teachers])
           loss, ns, g = ref_kd_grad(model, p, s, x, y, mask[t, c], tl,
                                     jnp.asarray(w_tc[j], jnp.float32),
@@ -437,6 +478,108 @@ def test_sfedkd_equals_loop():
     np.testing.assert_allclose(m["teacher_weights_tc"], w_tc, rtol=1e-4)
     np.testing.assert_allclose(m["teacher_weights_nc"], w_nc, rtol=1e-4)
     assert m["reg_loss"] > 0
+
+
+@functools.cache
+def kd_baseline_run(rule):
+  """SFedKD with a KD baseline's loss (M = 2, kd_weight = 2), three rounds."""
+  data = make_fed_data(DATA_SIZES)
+  opts = SFedKDOptions(num_teachers=KD["m"], kd_loss=rule, kd_weight=2.0)
+  return run_logged(sfedkd, seq_setup(data, options=opts), data, jax.random.key(12), 3)
+
+
+@pytest.mark.parametrize("rule", ["aver", "ebkd", "camkd"])
+def test_sfedkd_kd_baselines_equal_loop(rule):
+  """FedSeq + AVER / EBKD / CA-MKD (``kd_loss``) against the loop with the
+  loss written the second way (``ref_mkd_grad``), over three rounds (the
+  first has no teachers)."""
+  data = make_fed_data(DATA_SIZES)
+  setup = seq_setup(data, options=SFedKDOptions(num_teachers=KD["m"], kd_loss=rule,
+                                                kd_weight=2.0))
+  key = jax.random.key(12)
+  state, losses, metrics = kd_baseline_run(rule)
+  kd = {**KD, "rule": rule, "lam": 2.0}
+  (p, s, _), ref_losses, logs = ref_sequential(sfedkd, setup, data, key, 3, kd=kd)
+  chex.assert_trees_all_close(state.params, p, **TOL)
+  chex.assert_trees_all_close(state.stats, s, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  assert metrics[0]["teachers"].tolist() == [-1] * KD["m"]
+  assert float(metrics[0]["reg_loss"]) == 0.0
+  for m, (teachers, _, _) in zip(metrics[1:], logs, strict=True):
+    assert m["teachers"].tolist() == np.asarray(teachers).tolist()
+    assert m["reg_loss"] > 0
+    assert "teacher_weights_tc" not in m
+  # The term changed the result: FedSeq (no teachers) ends elsewhere, and
+  # EBKD's and CA-MKD's weights end elsewhere than AVER's equal ones, by more
+  # than this test's tolerance (~2e-5 on these parameters) several times.
+  fedseq_state, _ = run_rounds(
+      sfedkd, seq_setup(data, options=SFedKDOptions(num_teachers=0)), data, key, 3)
+  others = [fedseq_state.params] + ([] if rule == "aver" else
+                                    [kd_baseline_run("aver")[0].params])
+  for other in others:
+    gap = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+              zip(jax.tree.leaves(state.params), jax.tree.leaves(other), strict=True))
+    assert gap > 10 * TOL["atol"], gap
+
+
+def test_kd_baseline_weights_hand_computed():
+  """Three teachers on one sample of class 0 over two classes, logits
+  log p: p = (0.5, 0.5), (0.9, 0.1), (0.2, 0.8)."""
+  z = jnp.log(jnp.asarray([[[0.5, 0.5]], [[0.9, 0.1]], [[0.2, 0.8]]], jnp.float32))
+  y = jnp.array([0])
+  # AVER: 1/M.
+  np.testing.assert_allclose(sfedkd.kd_teacher_weights(z, y, "aver")[:, 0], [1 / 3] * 3,
+                             rtol=1e-6)
+  # EBKD: H = ln 2 = 0.693147, -(0.9 ln 0.9 + 0.1 ln 0.1) = 0.325083,
+  # -(0.2 ln 0.2 + 0.8 ln 0.8) = 0.500402, sum 1.518633;
+  # w = (1 - H / sum) / (M - 1) = (1 - 0.456428) / 2, (1 - 0.214063) / 2,
+  # (1 - 0.329509) / 2.
+  np.testing.assert_allclose(sfedkd.kd_teacher_weights(z, y, "ebkd")[:, 0],
+                             [0.271786, 0.392969, 0.335246], atol=2e-6)
+  # CA-MKD: exp(CE_k) = 1 / p_k(y) = 2, 10/9, 5, so softmax_k(CE) =
+  # (18, 10, 45) / 73 and w = (1 - softmax) / 2 = (55, 63, 28) / 146.
+  np.testing.assert_allclose(sfedkd.kd_teacher_weights(z, y, "camkd")[:, 0],
+                             np.array([55, 63, 28]) / 146, rtol=1e-5)
+  # One teacher: weight 1 under every rule.
+  for rule in ("aver", "ebkd", "camkd"):
+    np.testing.assert_allclose(sfedkd.kd_teacher_weights(z[:1], y, rule), [[1.0]])
+  # Every teacher one-hot (no entropy): EBKD's weights are 1/M, finite.
+  sharp = jnp.asarray([[[200.0, 0.0]], [[0.0, 200.0]]])
+  np.testing.assert_allclose(sfedkd.kd_teacher_weights(sharp, y, "ebkd"), [[0.5], [0.5]])
+
+
+def test_kd_baseline_loss_hand_computed():
+  """The KD term on one sample, student p = (0.5, 0.5) at T = 1 (logits 0):
+  KL(p_k || q) = ln 2 - H_k, so with the weights above KD = sum_k w_k (ln 2 -
+  H_k); two samples with one masked out give the same mean.  AVER's
+  gradient is that of KL(p_bar || q), p_bar the teachers' mean soft labels."""
+  z = jnp.log(jnp.asarray([[[0.5, 0.5]], [[0.9, 0.1]], [[0.2, 0.8]]], jnp.float32))
+  y, zs = jnp.array([0]), jnp.zeros((1, 2))
+  kl = np.array([0.0, 0.693147 - 0.325083, 0.693147 - 0.500402])
+  for rule, w in (("aver", np.full(3, 1 / 3)),
+                  ("ebkd", [0.271786, 0.392969, 0.335246]),
+                  ("camkd", np.array([55, 63, 28]) / 146)):
+    got = sfedkd.multi_teacher_kd(zs, z, y, jnp.array([True]), rule, 1.0)
+    np.testing.assert_allclose(float(got), float(np.dot(w, kl)), atol=2e-6)
+    padded = sfedkd.multi_teacher_kd(
+        jnp.concatenate([zs, jnp.array([[5.0, -5.0]])]),
+        jnp.concatenate([z, jnp.zeros((3, 1, 2))], axis=1), jnp.array([0, 1]),
+        jnp.array([True, False]), rule, 1.0)
+    np.testing.assert_allclose(float(padded), float(got), rtol=1e-6)
+  # T^2 scaling and AVER's gradient against KL(p_bar || q) at T = 2.
+  rng = np.random.default_rng(5)
+  zs = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
+  zt = jnp.asarray(rng.normal(size=(3, 4, 5)) * 2, jnp.float32)
+  mask = jnp.ones((4,), bool)
+
+  def kl_bar(s):
+    p_bar = jnp.mean(jax.nn.softmax(zt / 2.0, axis=-1), axis=0)
+    return 4.0 * jnp.mean(jnp.sum(p_bar * (jnp.log(p_bar) - jax.nn.log_softmax(s / 2.0)),
+                                  axis=-1))
+  g = jax.grad(lambda s: sfedkd.multi_teacher_kd(s, zt, jnp.zeros(4, int), mask, "aver",
+                                                 2.0))(zs)
+  np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(kl_bar)(zs)),
+                             rtol=1e-4, atol=1e-7)
 
 
 def test_cwc_equals_loop():

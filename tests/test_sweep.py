@@ -52,7 +52,7 @@ def test_grid_expansion_order_and_names(tmp_path):
   path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
 [grid]
 method.name = ["sfl", "fedavg"]
-"partition.alpha" = [0.1, 1e-05]
+"optim.lr" = [0.1, 1e-05]
 "dataset.input_shape" = [[8, 8, 1]]
 
 [[cells]]
@@ -65,10 +65,10 @@ method.name = ["sfl", "fedavg"]
   sw = sweep.load_sweep(path)
   names = [c.name for c in sw.cells]
   assert names == [
-      "method=sfl,partition.alpha=0.1,dataset.input_shape=8-8-1",
-      "method=sfl,partition.alpha=1e-05,dataset.input_shape=8-8-1",
-      "method=fedavg,partition.alpha=0.1,dataset.input_shape=8-8-1",
-      "method=fedavg,partition.alpha=1e-05,dataset.input_shape=8-8-1",
+      "method=sfl,optim.lr=0.1,dataset.input_shape=8-8-1",
+      "method=sfl,optim.lr=1e-05,dataset.input_shape=8-8-1",
+      "method=fedavg,optim.lr=0.1,dataset.input_shape=8-8-1",
+      "method=fedavg,optim.lr=1e-05,dataset.input_shape=8-8-1",
       "method=hydra,method.groups=2",
       "run.name=a_b_c"]
   assert [c.index for c in sw.cells] == list(range(6))
@@ -76,7 +76,7 @@ method.name = ["sfl", "fedavg"]
   # every cell resolves through load_config: [base], then the cell's values
   sweep.resolve(sw)
   c = sw.cells[1].cfg
-  assert c["partition"]["alpha"] == 1e-05 and c["method"]["name"] == "sfl"
+  assert c["optim"]["lr"] == 1e-05 and c["method"]["name"] == "sfl"
   assert c["dataset"]["input_shape"] == [8, 8, 1] and c["run"]["rounds"] == 2
   assert c["run"]["dir"] == sw.cells[1].dir
   assert sw.cells[4].cfg["method"]["groups"] == 2
@@ -85,8 +85,53 @@ method.name = ["sfl", "fedavg"]
 
 def test_long_names_stay_file_names():
   name = sweep.cell_name([("method.name", "x" * 300)])
-  assert len(name) <= sweep.format.NAME_LIMIT and name.startswith("method=xxx")
+  assert len(name) == sweep.format.NAME_LIMIT == 60 and name.startswith("method=xxx")
   assert sweep.cell_name([("method.name", "x" * 301)]) != name
+  assert sweep.cell_name([("method.name", "x" * 300)]) == name  # stable
+  short = [("method.name", "sfl"), ("method.order", "cyclic"), ("partition.p", 0.8)]
+  assert sweep.cell_name(short) == "method=sfl,method.order=cyclic,partition.p=0.8"
+
+
+def test_cells_and_grid_values_carry_names(tmp_path):
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
+[grid]
+"method.order" = ["cyclic", "random"]
+
+[grid.partition]
+"dir0.1" = {name = "dirichlet", alpha = 0.1}
+iid = {name = "iid"}
+
+[[cells]]
+name = "hydra-g2"
+"method.name" = "hydra"
+"method.groups" = 2
+
+[[cells]]
+"method.name" = "multisfl"
+"method.p_rule" = "spec"
+"method.score_update" = "eq2"
+"method.min_request" = 0
+"method.request_rounding" = "spec"
+""")
+  sw = sweep.load_sweep(path)
+  names = [c.name for c in sw.cells]
+  assert names[:5] == ["method.order=cyclic,dir0.1", "method.order=cyclic,iid",
+                       "method.order=random,dir0.1", "method.order=random,iid", "hydra-g2"]
+  # a generated name over 60 characters: cut, with a hash of the whole
+  assert len(names[5]) == 60 and names[5].startswith("method=multisfl,method.p_rule=spec,")
+  assert all(len(n) <= 60 for n in names)
+  # a value's name stands for its keys in the cell's name, not in its config
+  assert sw.cells[0].assigned == [("method.order", "cyclic"), ("partition.name", "dirichlet"),
+                                  ("partition.alpha", 0.1)]
+  assert "name" not in dict(sw.cells[4].assigned) and sw.cells[4].dir.endswith("hydra-g2")
+  sweep.resolve(sw)
+  assert sw.cells[0].cfg["partition"]["alpha"] == 0.1 and sw.cells[4].cfg["method"]["groups"] == 2
+  # the same grid without names keeps the generated ones
+  plain = write_sweep(tmp_path / "p.toml", tmp_path / "out",
+                      '[grid]\n"method.order" = ["cyclic"]\n'
+                      'partition = [{name = "dirichlet", alpha = 0.1}]')
+  assert [c.name for c in sweep.load_sweep(plain).cells] == [
+      "method.order=cyclic,partition=dirichlet,partition.alpha=0.1"]
 
 
 def test_shards_are_disjoint_and_cover_the_grid(tmp_path, capsys):
@@ -149,6 +194,17 @@ def test_bad_shard_is_exit_2(tmp_path, capsys, spec):
     ('[grid]\npartition = [{name = "iid"}, 3]', "allowed: a section axis of tables only"),
     ('[grid]\npartition = [{name = {x = 1}}]', "partition.name is a table"),
     ('[grid]\n"exec.max_slots" = [-1]', "exec.max_slots=-1; allowed: an int in"),
+    ('[[cells]]\nname = "a/b"\n"optim.lr" = 0.1', "[[cells]] #1 name 'a/b'; allowed: 1 to 60"),
+    ('[[cells]]\nname = "%s"\n"optim.lr" = 0.1' % ("x" * 61), "allowed: 1 to 60 letters"),
+    ('[[cells]]\nname = ".x"\n"optim.lr" = 0.1', "(not starting with '.')"),
+    ('[[cells]]\nname = 3\n"optim.lr" = 0.1', "[[cells]] #1 name 3; allowed"),
+    ('[[cells]]\nname = "a"\n"optim.lr" = 0.1\n[[cells]]\nname = "a"\n"optim.lr" = 0.2',
+     "cell 'a' appears twice (cells 0 and 1)"),
+    ('[[cells]]\nname = "optim.lr=0.2"\n"optim.lr" = 0.1\n[[cells]]\n"optim.lr" = 0.2',
+     "cell 'optim.lr=0.2' appears twice"),
+    ('[[cells]]\nname = "collected"\n"optim.lr" = 0.1', "named 'collected'; not allowed"),
+    ('[grid.partition]\n"a b" = {name = "iid"}', "[grid.partition] name 'a b'; allowed"),
+    ('[grid.partition]\niid = {name = "iid"}\nalpha = [0.1]', "[grid.partition] mixes named"),
     # options the data, partition and model owners check (train.prepare)
     (('[grid]\n"method.name" = ["sfl"]\n[[cells]]\n"partition.name" = "dirichlet"\n'
       '"partition.alpha" = -1.0'),
@@ -585,11 +641,12 @@ def test_a_grid_axis_over_a_whole_section(tmp_path):
 partition = [{name = "dirichlet", alpha = 0.1, min_size = 2}, {name = "iid"}]
 """)
   sw = sweep.load_sweep(path)
-  assert [c.name for c in sw.cells] == [
-      "method=sfl,partition=dirichlet,partition.alpha=0.1,partition.min_size=2",
-      "method=sfl,partition=iid",
-      "method=multisfl,partition=dirichlet,partition.alpha=0.1,partition.min_size=2",
-      "method=multisfl,partition=iid"]
+  names = [c.name for c in sw.cells]
+  assert names[1::2] == ["method=sfl,partition=iid", "method=multisfl,partition=iid"]
+  # 71 and 76 characters in full: cut, with a hash
+  assert names[0].startswith("method=sfl,partition=dirichlet,partition.alpha=0.")
+  assert names[2].startswith("method=multisfl,partition=dirichlet,partitio")
+  assert len(names[0]) == len(names[2]) == 60
   sweep.resolve(sw)
   assert "min_size" not in sw.cells[1].cfg["partition"]
   # partitions are per-slot: one program per method

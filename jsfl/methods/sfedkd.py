@@ -30,6 +30,49 @@ Loss of student client s (Eq. 3-5, 7): ``CE + alpha_t TCKD + beta_t NCKD``,
   teachers know what it learns); ``tc_weights`` / ``nc_weights = "equal"``
   replace either by 1/M (Table 2's ablation).
 
+Multi-teacher KD baselines (SFedKD Sec. 4.3.1, Table 2: "FedSeq + AVER /
+EBKD / CA-MKD"; ``kd_loss``).  The ablation replaces SFedKD's KD method and
+keeps its framework, so the baselines are this round with another loss term:
+the same teachers (``selection``, ``num_teachers``; none in round 1), the
+same cache, and student loss ``CE + kd_weight * KD`` with
+
+  ``KD = T^2 mean_i sum_k w_{k,i} KL(p_{k,i} || q_i)``,
+
+``p_{k,i}`` / ``q_i`` teacher k's / the student's softmax at temperature T on
+sample i (plain KD, Hinton et al. 2015, per teacher), mean over the valid
+samples, and per-sample teacher weights ``w_{k,i}`` (summing to 1 over k; no
+gradient flows into them):
+
+* ``aver``: You et al., "Learning from Multiple Teacher Networks", KDD 2017:
+  ``w = 1/M``.  You et al. distil from the teachers' averaged soft labels
+  ``p_bar``: ``KL(p_bar || q)`` differs from ``(1/M) sum_k KL(p_k || q)`` by a
+  term of the teachers alone, so the student's gradients (and training) are
+  the same; the logged ``reg_loss`` is the mean-of-KLs value.
+* ``ebkd``: Kwon et al., "Adaptive Knowledge Distillation Based on Entropy",
+  ICASSP 2020: ``w_k = (1 - H_k / sum_j H_j) / (M - 1)``, ``H_k`` the entropy
+  of teacher k's softmax at T = 1 on the sample (confident teachers weigh
+  more).
+* ``camkd``: Zhang et al., "Confidence-Aware Multi-Teacher Knowledge
+  Distillation", ICASSP 2022: ``w_k = (1 - softmax_k(CE_k)) / (M - 1)``,
+  ``CE_k = -log softmax(z_k)[y]`` teacher k's cross-entropy on the sample's
+  label at T = 1, the softmax over the teachers (teachers close to the
+  one-hot label weigh more).
+
+``M = 1`` gives ``w = 1`` under every rule.  Choices (docs/methods-sequential.md):
+the weights are those of the CA-MKD authors' implementation of the three
+methods, with EBKD's ``1 - H_k / sum_j H_j`` divided by ``M - 1`` so that
+every rule's weights sum to 1 (that implementation divides every weighted
+sum by M instead: EBKD there is ``(M - 1) / M`` and CA-MKD ``1 / M`` times the
+term here, a factor of ``kd_weight``); logit distillation only: You et al.'s
+intermediate-layer dissimilarity term and CA-MKD's intermediate-feature term
+(learned adapters) are not implemented, nor any adaptive balance of the CE
+and KD terms (the CE weight stays 1, as in that implementation).
+``kd_weight = 1`` and T = 4 are the CA-MKD implementation's defaults; SFedKD
+gives neither for its baselines, nor how they pick teachers (here SFedKD's
+``selection`` and ``num_teachers``).  The DKD options (``alpha_t``, ``beta_t``, ``eps``,
+``smooth``, ``metric``, ``tc_weights``, ``nc_weights``) do not enter these
+terms.
+
 Teachers are a stacked pytree with a leading teacher axis, evaluated in eval
 mode on every student batch in one vmapped forward (``teacher_exec =
 "vmap"``, the default off CPU) or unrolled over the teacher axis (the CPU
@@ -45,7 +88,9 @@ Logged per round (metrics): ``teachers`` (M,) client ids of the selected
 teachers (-1 in round 1), ``teacher_pos`` (M,) their positions in the
 previous round's sequence, ``teacher_weights_tc`` / ``teacher_weights_nc``
 (n, M): the weights of each student (rows in sequence order), and
-``reg_loss`` (mean ``alpha_t TCKD + beta_t NCKD``).
+``reg_loss`` (mean ``alpha_t TCKD + beta_t NCKD``, or ``kd_weight KD``).  The
+weights are logged with ``kd_loss = "dkd"`` only (the baselines' are per
+sample).
 
 Departures from docs/methods-sequential.md: none in the math; the defaults alpha_t = 1,
 beta_t = 8, T = 4 are the paper reading's (the paper's values are unknown).  The smoothed
@@ -85,6 +130,9 @@ KD_WEIGHTINGS = ("discrepancy", "equal")
 TEACHER_EXECS = ("auto", "vmap", "unroll", "map")
 
 
+KD_LOSSES = ("dkd", "aver", "ebkd", "camkd")
+
+
 # num_teachers <= clients_per_round is SFedKD's ``validate``'s.  Negative KD
 # weights would push the student away from its teachers; T divides the
 # logits; eps and smooth keep (d_k + eps)^-1 and KL(pi_s || pi_k) finite when
@@ -110,6 +158,12 @@ class SFedKDOptions:
                                  choices=KD_METRICS)
   tc_weights: str = option("discrepancy", "TCKD teacher weights", choices=KD_WEIGHTINGS)
   nc_weights: str = option("discrepancy", "NCKD teacher weights", choices=KD_WEIGHTINGS)
+  kd_loss: str = option("dkd", "distillation term: dkd = SFedKD's discrepancy-weighted "
+                        "multi-teacher DKD; aver / ebkd / camkd = plain KD from the same "
+                        "teachers weighted equally / by entropy / by confidence (the "
+                        "FedSeq + AVER / EBKD / CA-MKD baselines)", choices=KD_LOSSES)
+  kd_weight: float = option(1.0, "weight of the KD term of kd_loss = aver / ebkd / camkd",
+                            range="[0, inf)", batchable=True)
   teacher_exec: str = option("auto", "how the teachers' forward runs: one vmapped "
                              "forward over the stacked teachers, or unrolled; auto = "
                              "unroll on CPU, vmap elsewhere", choices=TEACHER_EXECS)
@@ -306,6 +360,54 @@ def multi_teacher_dkd(student_logits, teacher_logits, labels, mask, w_tc, w_nc,
           scale * jnp.sum(w_nc[:, None] * nckd * m) / denom)
 
 
+# ------------------------------------------- multi-teacher KD baselines
+def kd_terms(student_logits, teacher_logits, temperature):
+  """Per-teacher, per-sample KD terms ``KL(p_k || q)`` at temperature T
+  (without ``T^2``), ``(M, B)``; no gradient flows into the teachers."""
+  t = temperature
+  lt = jax.nn.log_softmax(lax.stop_gradient(teacher_logits) / t, axis=-1)
+  ls = jax.nn.log_softmax(student_logits / t, axis=-1)
+  return jnp.sum(jnp.exp(lt) * (lt - ls[None]), axis=-1)
+
+
+def kd_teacher_weights(teacher_logits, labels, rule: str):
+  """Per-sample teacher weights of the KD baselines (module docstring).
+
+  Args:
+    teacher_logits: ``(M, B, L)``.
+    labels: ``(B,)`` (read by ``camkd``).
+    rule: ``aver``, ``ebkd`` or ``camkd``.
+
+  Returns:
+    ``(M, B)`` weights, each column summing to 1, without gradient.
+  """
+  z = lax.stop_gradient(teacher_logits)
+  m = z.shape[0]
+  if rule not in KD_LOSSES[1:]:
+    raise ValueError(f"rule={rule!r}; allowed: {KD_LOSSES[1:]}")
+  if rule == "aver" or m == 1:
+    return jnp.full(z.shape[:2], 1.0 / m, z.dtype)
+  logp = jax.nn.log_softmax(z, axis=-1)                     # T = 1
+  if rule == "ebkd":
+    h = -jnp.sum(jnp.exp(logp) * logp, axis=-1)             # (M, B) entropies
+    total = jnp.sum(h, axis=0, keepdims=True)
+    # Every teacher one-hot (all H = 0): equal shares, w = 1/M.
+    share = jnp.where(total > 0, h / jnp.where(total > 0, total, 1.0), 1.0 / m)
+    return (1.0 - share) / (m - 1)
+  ce = -jnp.take_along_axis(logp, labels[None, :, None], axis=-1)[..., 0]   # (M, B)
+  return (1.0 - jax.nn.softmax(ce, axis=0)) / (m - 1)
+
+
+def multi_teacher_kd(student_logits, teacher_logits, labels, mask, rule: str,
+                     temperature):
+  """A KD baseline's loss ``T^2 mean_i sum_k w_{k,i} KL(p_{k,i} || q_i)``
+  over the valid samples (``mask``), weights by :func:`kd_teacher_weights`."""
+  kl = kd_terms(student_logits, teacher_logits, temperature)
+  w = kd_teacher_weights(teacher_logits, labels, rule)
+  m = mask.astype(jnp.float32)
+  return temperature ** 2 * jnp.sum(w * kl * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
 def teacher_logits(setup: Setup, t_params, t_stats, x, how: str = "vmap"):
   """All teachers' eval-mode logits on one batch, ``(M, B, L)``.
 
@@ -402,14 +504,17 @@ def plan(setup: Setup, state: State, data, key) -> RoundPlan:
 
 
 def client_context(setup: Setup):
-  """Per student (sequence order): its TCKD and NCKD teacher weights and,
-  with ``teacher_cache``, the teachers' logits on its first epoch."""
+  """Per student (sequence order): its TCKD and NCKD teacher weights (None
+  under a KD baseline, whose weights are per sample) and, with
+  ``teacher_cache``, the teachers' logits on its first epoch."""
   def context(state: State, plan: RoundPlan, seq):
     o, t = plan.options, plan.context
-    students = plan.clients[seq]
-    w_tc, w_nc = teacher_weights(
-        t.data.counts[students], t.data.counts[state.prev_clients[t.pos]],
-        metric=o.metric, eps=o.eps, smooth=o.smooth, tc=o.tc_weights, nc=o.nc_weights)
+    w_tc = w_nc = None
+    if setup.options.kd_loss == "dkd":
+      students = plan.clients[seq]
+      w_tc, w_nc = teacher_weights(
+          t.data.counts[students], t.data.counts[state.prev_clients[t.pos]],
+          metric=o.metric, eps=o.eps, smooth=o.smooth, tc=o.tc_weights, nc=o.nc_weights)
     cached = None
     if o.teacher_cache:
       nb = plan.idx.shape[0] // setup.local_epochs
@@ -422,8 +527,12 @@ def client_context(setup: Setup):
 
 
 def client_term(setup: Setup):
-  """The multi-teacher DKD loss of a student's batch (0 before the first
-  round has trained any teacher)."""
+  """The multi-teacher DKD loss of a student's batch, or the ``kd_loss``
+  baseline's KD loss (0 before the first round has trained any teacher)."""
+  rule = setup.options.kd_loss
+  if rule not in KD_LOSSES:
+    raise ValueError(f"kd_loss={rule!r}; allowed: {KD_LOSSES}")
+
   def term(plan: RoundPlan, p, batch, client):
     o, t = plan.options, plan.context
     wtc, wnc, cached = client.ctx
@@ -432,6 +541,9 @@ def client_term(setup: Setup):
       tl = lookup_logits(ids, valid, logits, batch.idx)
     else:
       tl = teacher_logits(setup, t.params, t.stats, batch.x, o.teacher_exec)
+    if rule != "dkd":
+      return t.on * o.kd_weight * multi_teacher_kd(batch.logits, tl, batch.y, batch.mask,
+                                                   rule, o.temperature)
     tckd, nckd = multi_teacher_dkd(batch.logits, tl, batch.y, batch.mask,
                                    wtc, wnc, o.temperature)
     return t.on * (o.alpha_t * tckd + o.beta_t * nckd)
@@ -448,8 +560,9 @@ def finish(setup: Setup, state: State, out: sequential.SequenceRound):
     t = out.plan.context
     w_tc, w_nc, _ = out.context
     metrics.update(teachers=jnp.where(t.on > 0, state.prev_clients[t.pos], -1),
-                   teacher_pos=t.pos, teacher_weights_tc=w_tc * t.on,
-                   teacher_weights_nc=w_nc * t.on)
+                   teacher_pos=t.pos)
+    if w_tc is not None:
+      metrics.update(teacher_weights_tc=w_tc * t.on, teacher_weights_nc=w_nc * t.on)
   else:  # nothing will read them
     prev_params, prev_stats = state.prev_params, state.prev_stats
   new = State(out.params, out.stats, prev_params, prev_stats, students.astype(jnp.int32),
@@ -459,7 +572,8 @@ def finish(setup: Setup, state: State, out: sequential.SequenceRound):
 
 def build(setup: Setup) -> sequential.SequentialRounds:
   """SFedKD for a run (options: ``SFedKDOptions``): FedSeq with the
-  multi-teacher DKD term; ``num_teachers = 0`` is FedSeq."""
+  multi-teacher DKD term (or a ``kd_loss`` baseline's KD term);
+  ``num_teachers = 0`` is FedSeq."""
   if setup.options.num_teachers == 0:
     alg = sequential.SequentialAlgorithm(plan=plan)
   else:

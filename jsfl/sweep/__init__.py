@@ -21,9 +21,13 @@ whose Cartesian product gives the cells, and optional explicit extra cells::
   "method.groups" = 5
 
 Keys are ``section.key`` (quoted, or TOML dotted keys: ``method.name = [...]``
-is the same key).  A cell's name is its own assignments (its grid values, or
-the keys of its ``[[cells]]`` table), e.g. ``method=sfl,partition.alpha=0.1``,
-so adding a value to an axis never renames the cells already run.  Every cell
+is the same key).  A cell's name (its directory) is the ``name`` of its
+``[[cells]]`` table, or else its own assignments (its grid values, or the
+keys of its ``[[cells]]`` table), e.g. ``method=sfl,partition.alpha=0.1``,
+where a section axis written as ``[grid.partition]`` ``iid = {name = "iid"}``
+puts its value's name (``iid``) in place of its keys; a generated name over
+60 characters is cut and ends with a hash.  Adding a value to an axis never
+renames the cells already run.  Every cell
 config is resolved by :func:`jsfl.config.load_config` (the base file plus
 ``section.key=value`` overrides, exactly as ``jsfl run`` takes them) before
 anything runs.

@@ -31,7 +31,12 @@ TABLES = ("sweep", "base", "grid", "cells")
 RESERVED = ("run.dir", "run.out_dir")
 
 
-NAME_LIMIT = 200
+# A cell's directory name: at most this long, of these characters (besides
+# letters and digits).
+NAME_LIMIT = 60
+NAME_CHARS = "._=,+-"
+# --collect's folder beside the cells (jsfl.sweep.collect.COLLECTED)
+NOT_CELL_NAMES = ("collected",)
 
 
 class SweepError(config_lib.ConfigError):
@@ -135,13 +140,35 @@ def name_value(v) -> str:
 
 
 def safe(text: str) -> str:
-  return "".join(c if c.isalnum() or c in "._=,+-" else "_" for c in text)
+  return "".join(c if c.isalnum() or c in NAME_CHARS else "_" for c in text)
 
 
-def cell_name(assigned: list[tuple[str, Any]]) -> str:
+def check_name(path: str, where: str, name) -> str:
+  """A name the sweep file gives (a ``[[cells]]`` name, a grid value's label).
+
+  Raises:
+    SweepError: unless it is 1 to NAME_LIMIT ASCII letters, digits and
+      NAME_CHARS, not starting with '.'.
+  """
+  if (not isinstance(name, str) or not name or len(name) > NAME_LIMIT
+      or name.startswith(".") or not all(c.isascii() and (c.isalnum() or c in NAME_CHARS)
+                                         for c in name)):
+    raise SweepError(f"sweep {path}: {where} name {name!r}; allowed: 1 to {NAME_LIMIT} "
+                     "letters, digits and '.', '_', '-', ',', '=', '+' (not starting "
+                     "with '.')")
+  return name
+
+
+def cell_name(assigned: list[tuple[str, Any]], parts: list | None = None) -> str:
   """``[("method.name", "sfl"), ("partition.alpha", 0.1)]`` ->
-  ``method=sfl,partition.alpha=0.1``, safe as a file name."""
-  name = safe(",".join(f"{SHORT.get(k, k)}={name_value(v)}" for k, v in assigned))
+  ``method=sfl,partition.alpha=0.1``, safe as a file name.
+
+  ``parts``: the name's parts where a grid axis names its values, each a
+  label (str) or a ``(key, value)`` pair; default: the assigned pairs.  A
+  name over NAME_LIMIT characters is cut and ends with a hash of the whole.
+  """
+  name = safe(",".join(p if isinstance(p, str) else f"{SHORT.get(p[0], p[0])}={name_value(p[1])}"
+                       for p in (assigned if parts is None else parts)))
   name = name or "base"
   if name.startswith("."):
     name = "_" + name[1:]
@@ -218,16 +245,25 @@ def load_sweep(path: str, out_dir: str | None = None) -> Sweep:
   if not isinstance(grid, dict):
     raise SweepError(f"sweep {path}: grid must be a table [grid]")
   # An axis over a whole section: ``partition = [{name = "iid"}, {name =
-  # "dirichlet", alpha = 0.1}]``, each value a set of that section's keys.
+  # "dirichlet", alpha = 0.1}]``, each value a set of that section's keys; or
+  # with named values, ``[grid.partition]`` ``iid = {name = "iid"}``, whose
+  # names stand for those keys in the cells' names.
   sections = {k: v for k, v in grid.items() if "." not in k and isinstance(v, list)
               and v and all(isinstance(x, dict) for x in v)}
+  named = {k: v for k, v in grid.items() if "." not in k and isinstance(v, dict)
+           and any(isinstance(x, dict) for x in v.values())}
   for k, v in grid.items():
     if ("." not in k and isinstance(v, list) and k not in sections
         and (not v or any(isinstance(x, dict) for x in v))):  # a section axis gone wrong
       raise SweepError(f"sweep {path}: [grid] {k}={v!r}; allowed: a section axis of "
                        f"tables only, e.g. {k} = [{{name = \"iid\"}}, {{name = \"dirichlet\", "
                        "alpha = 0.1}], or section.key = [values]")
-  axes = flatten({k: v for k, v in grid.items() if k not in sections}, "[grid]", path)
+    if k in named and not all(isinstance(x, dict) for x in v.values()):
+      raise SweepError(f"sweep {path}: [grid.{k}] mixes named value sets and keys; "
+                       f"allowed: [grid.{k}] of named tables only, e.g. iid = {{name = "
+                       "\"iid\"}, or section.key = [values] in [grid]")
+  axes = flatten({k: v for k, v in grid.items() if k not in sections and k not in named},
+                 "[grid]", path)
   for k, values in axes:
     if not isinstance(values, list) or not values:
       raise SweepError(f"sweep {path}: [grid] {k}={values!r}; allowed: a non-empty "
@@ -235,17 +271,24 @@ def load_sweep(path: str, out_dir: str | None = None) -> Sweep:
                        "value, ...}, ...]")
     for v in values:
       check_value(path, "[grid]", k, v)
-  axes = [(k, [[(k, v)] for v in values]) for k, values in axes]
-  for section, tables in sections.items():
+  # each axis: its key and its values, a value being (pairs, label or None)
+  axes = [(k, [([(k, v)], None) for v in values]) for k, values in axes]
+  labelled: dict[str, list[tuple[str | None, Any]]] = {
+    s: [(None, t) for t in ts] for s, ts in sections.items()}
+  labelled.update({s: list(ts.items()) for s, ts in named.items()})
+  for section, tables in labelled.items():
     sets = []
-    for t in tables:
+    for label, t in tables:
+      if label is not None:
+        check_name(path, f"[grid.{section}]", label)
       pairs = flatten({section: t}, "[grid]", path)
       for k, v in pairs:
         check_value(path, "[grid]", k, v)
-      sets.append(pairs)
+      sets.append((pairs, label))
     axes.append((section, sets))
-  order = [f"{k}.{k2}" if isinstance(v, dict) else k
-           for k, v in grid.items() for k2 in (v if isinstance(v, dict) else [None])]
+  order = [f"{k}.{k2}" if isinstance(v, dict) and k not in named else k
+           for k, v in grid.items()
+           for k2 in (v if isinstance(v, dict) and k not in named else [None])]
   axes.sort(key=lambda a: order.index(a[0]))  # the file's order: last key fastest
   extra = raw.get("cells", [])
   if not isinstance(extra, list) or not all(isinstance(c, dict) for c in extra):
@@ -253,24 +296,34 @@ def load_sweep(path: str, out_dir: str | None = None) -> Sweep:
   if not axes and not extra:
     raise SweepError(f"sweep {path}: no cells; allowed: a [grid] of section.key = "
                      "[values] and/or [[cells]] tables")
-  assigned = []
+  # every cell: its assigned pairs and its name (given, or the parts it is made of)
+  assigned: list[tuple[list, str | None, list | None]] = []
   if axes:
-    assigned += [[pair for pairs in combo for pair in pairs] for combo in
-                 itertools.product(*(sets for _, sets in axes))]
+    for combo in itertools.product(*(sets for _, sets in axes)):
+      pairs = [pair for ps, _ in combo for pair in ps]
+      parts = ([p for ps, label in combo for p in ([label] if label else ps)]
+               if any(label for _, label in combo) else None)
+      assigned.append((pairs, None, parts))
   for i, table in enumerate(extra):
-    over = flatten(table, f"[[cells]] #{i + 1}", path)
+    where = f"[[cells]] #{i + 1}"
+    table = dict(table)
+    given = check_name(path, where, table.pop("name")) if "name" in table else None
+    over = flatten(table, where, path)
     for k, v in over:
-      check_value(path, f"[[cells]] #{i + 1}", k, v)
-    assigned.append(over)
+      check_value(path, where, k, v)
+    assigned.append((over, given, None))
 
   root = os.path.join(out_dir, name)
   cells: list[Cell] = []
   seen: dict[str, int] = {}
-  for i, a in enumerate(assigned):
-    n = cell_name(a)
+  for i, (a, given, parts) in enumerate(assigned):
+    n = given or cell_name(a, parts)
+    if n in NOT_CELL_NAMES:
+      raise SweepError(f"sweep {path}: cell {i} is named {n!r}; not allowed: --collect "
+                       "writes its tables there")
     if n in seen:
       raise SweepError(f"sweep {path}: cell {n!r} appears twice (cells "
-                       f"{seen.get(n, '?')} and {i}); allowed: distinct cells")
+                       f"{seen.get(n, '?')} and {i}); allowed: distinct cells and names")
     seen[n] = i
     cells.append(Cell(i, n, a, os.path.join(root, n)))
   return Sweep(path, name, base, out_dir, base_over, cells, reference, by,
