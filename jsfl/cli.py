@@ -231,7 +231,8 @@ def cmd_run(args) -> int:
     if args.quiet:
       cfg["exec"]["progress"] = False
     from jsfl import rundir, train
-    rundir.check_target(cfg["run"]["out_dir"], cfg["run"]["name"], cfg["run"]["dir"])
+    run = config_lib.typed(cfg).run
+    rundir.check_target(run.out_dir, run.name, run.dir)
     exp = train.prepare(cfg)
   except config_lib.ConfigError as e:
     return _fail(str(e))

@@ -38,6 +38,7 @@ import tomllib
 from collections.abc import Sequence
 from typing import Any
 
+from jsfl import config_types
 from jsfl.errors import UserError
 from jsfl.methods.catalog import METHODS
 from jsfl.options import INT32_MAX, Option, check
@@ -152,6 +153,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         "drops it)"),
     },
     "optim": {
+        "name": _f(str, "sgd", "optimiser, built once per run as an optax chain "
+                   "(jsfl.core.optim.make_optimizer): sgd = SGD as the papers' PyTorch "
+                   "code runs it (weight decay added to the gradient before momentum); "
+                   "adam = Adam (b1 = momentum when > 0), weight decay added likewise",
+                   ("sgd", "adam")),
         "lr": _f(float, 0.05, "learning rate", range="(0, inf)", batchable=True),
         "lr_decay": _f(float, 1.0, "multiplied into lr once per round", range="(0, 1]",
                        batchable=True),
@@ -466,5 +472,61 @@ def _reference_row(key: str, opt: Option) -> str:
           f"{opt.help} |")
 
 
+TYPES_PATH = "jsfl/config_types.py"
+
+
+def _class_name(section: str) -> str:
+  return section.capitalize() + "Section"
+
+
+def types_source() -> str:
+  """The text of :data:`TYPES_PATH`: one frozen dataclass per section of
+  :data:`SCHEMA` and :class:`Config` of them, so code reads a resolved
+  config by attribute (``cfg.run.rounds``) and mypy checks every access."""
+  lines = ['"""Typed sections of a resolved config, generated from',
+           '``jsfl.config.SCHEMA`` by ``python -m jsfl.config --write-types`` (a test',
+           'fails while it is stale; do not edit by hand).',
+           '',
+           ':func:`jsfl.config.typed` builds a :class:`Config` from a resolved config',
+           "(the dict ``config.json`` stores); an open section's other keys (options",
+           "of the dataset, partition, model or method) are its ``extra``.",
+           '"""', '', 'from __future__ import annotations', '', 'import dataclasses',
+           'from typing import Any', '']
+  for section, fields in SCHEMA.items():
+    lines += ['', '@dataclasses.dataclass(frozen=True)', f'class {_class_name(section)}:',
+              f'  """``[{section}]`` (docs/config.md)."""', '']
+    for k, opt in fields.items():
+      typ = opt.type.__name__ if opt.type is not list else f"list[{opt.item.__name__}]"
+      lines.append(f"  {k}: {typ}")
+    if section in OPEN_SECTIONS:
+      lines.append("  extra: dict[str, Any]  # the section's other keys")
+    lines.append('')
+  lines += ['', '@dataclasses.dataclass(frozen=True)', 'class Config:',
+            '  """A resolved config, section by section."""', '']
+  lines += [f"  {section}: {_class_name(section)}" for section in SCHEMA]
+  lines += ['', '', 'SECTIONS: dict[str, type] = {']
+  lines += [f'    "{section}": {_class_name(section)},' for section in SCHEMA]
+  lines += ['}', '']
+  return "\n".join(lines)
+
+
+def typed(cfg: dict) -> config_types.Config:
+  """The typed view of a resolved config (:class:`jsfl.config_types.Config`)."""
+  t = config_types
+  sections = {}
+  for section, cls in t.SECTIONS.items():
+    values = cfg[section]
+    known = {k: values[k] for k in SCHEMA[section]}
+    if section in OPEN_SECTIONS:
+      known["extra"] = {k: v for k, v in values.items() if k not in SCHEMA[section]}
+    sections[section] = cls(**known)
+  return t.Config(**sections)
+
+
 if __name__ == "__main__":
-  print(markdown_reference())
+  import sys
+  if sys.argv[1:] == ["--write-types"]:
+    with open(TYPES_PATH, "w") as f:
+      f.write(types_source())
+  else:
+    print(markdown_reference())

@@ -153,3 +153,28 @@ def test_config_reference_doc_is_current():
   with open(path) as f:
     assert f.read().strip() == config.markdown_reference().strip(), (
         "docs/config.md is stale: run `jsfl config-reference > docs/config.md`")
+
+
+def test_typed_config_sections_are_current_and_hold_the_config():
+  """jsfl/config_types.py is generated from the schema (`python -m jsfl.config
+  --write-types`), and a config's typed view holds every value of the dict
+  it was resolved to: schema keys as attributes, an open section's other
+  keys as its ``extra``."""
+  import dataclasses
+
+  from jsfl import config
+  path = os.path.join(os.path.dirname(__file__), "..", config.TYPES_PATH)
+  with open(path) as f:
+    assert f.read() == config.types_source(), (
+        "jsfl/config_types.py is stale: run `python -m jsfl.config --write-types`")
+  cfg = config.load_config(None, ["run.rounds=7", "method.name=fedprox", "method.mu=0.3",
+                                  "model.width=8", "exec.precision=bfloat16"])
+  c = config.typed(cfg)
+  assert c.run.rounds == 7 and c.exec.precision == "bfloat16" and c.optim.name == "sgd"
+  assert c.method.extra == {"mu": 0.3} and c.model.extra == {"width": 8}
+  for section in config.SCHEMA:
+    values = dataclasses.asdict(getattr(c, section))
+    extra = values.pop("extra", {})
+    assert {**values, **extra} == cfg[section]
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    c.run.rounds = 8  # type: ignore[misc]

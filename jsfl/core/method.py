@@ -24,6 +24,34 @@ class Algorithm(Protocol):
   def round(self, state: Any, data: Any, key: jax.Array) -> tuple[Any, dict]: ...
 
 
+class Build(Protocol):
+  def __call__(self, setup: Setup) -> Algorithm: ...
+
+
+class OutputModel(Protocol):
+  def __call__(self, setup: Setup, state: Any) -> tuple[Any, Any]: ...
+
+
+class Communication(Protocol):
+  def __call__(self, setup: Setup, samples: Any) -> tuple[Any, Any]: ...
+
+
+class Predict(Protocol):
+  def __call__(self, setup: Setup, state: Any, x: jax.Array) -> jax.Array: ...
+
+
+class Validate(Protocol):
+  def __call__(self, setup: Setup) -> None: ...
+
+
+class Artifacts(Protocol):
+  def __call__(self, setup: Setup, partitions: list[dict]) -> dict: ...
+
+
+class LabelRank(Protocol):
+  def __call__(self, state: Any) -> jax.Array: ...
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Method:
   """A method as a value: the ``METHOD`` of its module in ``jsfl/methods/``,
@@ -55,13 +83,13 @@ class Method:
   algorithm on each call: conveniences for tools and tests, not for a run.
   """
 
-  build: Callable[[Setup], Algorithm]
-  output_model: Callable
-  communication: Callable
-  predict: Callable | None = None
-  validate: Callable | None = None
-  artifacts: Callable | None = None
-  label_rank: Callable | None = None
+  build: Build
+  output_model: OutputModel
+  communication: Communication
+  predict: Predict | None = None
+  validate: Validate | None = None
+  artifacts: Artifacts | None = None
+  label_rank: LabelRank | None = None
   options: type = NoOptions
 
   def rounds(self, setup: Setup) -> Algorithm:
@@ -82,7 +110,7 @@ class CountingBytes:
 
   algorithm: Algorithm
   setup: Setup
-  communication: Callable
+  communication: Communication
 
   def init(self, key):
     return self.algorithm.init(key)

@@ -1,4 +1,5 @@
-"""SGD as the papers' PyTorch code runs it, and the round's learning rate."""
+"""The optimiser (SGD as the papers' PyTorch code runs it, by default) and the
+round's learning rate."""
 
 from __future__ import annotations
 
@@ -6,20 +7,31 @@ import jax
 import jax.numpy as jnp
 import optax
 
-
 # --------------------------------------------------------------- optimiser
-def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0):
-  """SGD as in PyTorch: weight decay added to the gradient before momentum.
+OPTIMIZERS = ("sgd", "adam")
 
-  The learning rate is an injected hyperparameter so a round can set its
-  decayed value (:func:`round_lr`) without recompiling.
+
+def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0, name: str = "sgd"):
+  """``optim.name`` as an optax chain with an injected learning rate, so a
+  round can set its decayed value (:func:`round_lr`) without recompiling.
+
+  ``sgd``: SGD as in PyTorch (what the papers' code runs): weight decay
+  added to the gradient before momentum.  ``adam``: Adam (``momentum`` is
+  its b1 when > 0), the weight decay added to the gradient first as well
+  (PyTorch's ``Adam(weight_decay=...)``, not AdamW).
   """
-  def sgd(learning_rate):
-    tx = optax.sgd(learning_rate, momentum=momentum or None)
+  if name not in OPTIMIZERS:
+    raise ValueError(f"optim.name={name!r}; allowed: {', '.join(OPTIMIZERS)}")
+
+  def chain(learning_rate):
+    if name == "sgd":
+      tx = optax.sgd(learning_rate, momentum=momentum or None)
+    else:
+      tx = optax.adam(learning_rate, b1=momentum or 0.9)
     if weight_decay:
       tx = optax.chain(optax.add_decayed_weights(weight_decay), tx)
     return tx
-  return optax.inject_hyperparams(sgd)(learning_rate=0.0)
+  return optax.inject_hyperparams(chain)(learning_rate=0.0)
 
 
 def with_lr(opt_state, lr):

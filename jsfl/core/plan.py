@@ -10,7 +10,7 @@ import optax
 
 from jsfl.core import batching
 from jsfl.core.data import hyper, round_options
-from jsfl.core.optim import make_optimizer, round_lr, with_lr
+from jsfl.core.optim import round_lr, with_lr
 from jsfl.core.setup import Setup
 
 
@@ -48,7 +48,7 @@ def plan_round(setup: Setup, data, key, round_idx) -> RoundPlan:
   idx, mask = batching.round_batches(k_batch, data.table[clients], sizes,
                                      setup.batch_size, setup.local_epochs, clients,
                                      drop_last=setup.drop_last)
-  tx = make_optimizer(setup.momentum, setup.weight_decay)
+  tx = setup.tx
   hp = hyper(setup, data)
   lr = round_lr(hp.lr, hp.lr_decay, hp.lr_min, round_idx, setup.lr_decay_start)
   return RoundPlan(clients, sizes, idx, mask, k_order, tx, lr, round_options(setup, data))

@@ -15,8 +15,10 @@ records) reads the setup of its own cell, whose values are all there.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
+from jsfl.core.optim import make_optimizer
 from jsfl.models.base import StagedModel
 from jsfl.options import NoOptions, options_of
 
@@ -46,6 +48,7 @@ class Setup:
   lr_decay_start: int = 1     # first decayed round
   momentum: float = 0.0
   weight_decay: float = 0.0
+  optimizer: str = "sgd"      # optim.name (jsfl.core.optim.OPTIMIZERS)
   client_exec: str = "vmap"
   client_pass: str = "per_visit"  # CLIENT_PASSES
   server_unroll: int = 1
@@ -54,6 +57,12 @@ class Setup:
   @property
   def num_classes(self) -> int:
     return self.model.num_classes
+
+  @functools.cached_property
+  def tx(self):
+    """The run's optimiser (``optim.name``, momentum, weight decay) as an
+    optax chain, built once per setup; every portion steps with it."""
+    return make_optimizer(self.momentum, self.weight_decay, self.optimizer)
 
   def replace(self, **kw) -> Setup:
     return dataclasses.replace(self, **kw)

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.core.optim import make_optimizer
 from jsfl.core.portion import kept
 from jsfl.core.setup import Setup
 from jsfl.engine import split
@@ -38,7 +37,7 @@ def init(setup: Setup, key) -> State:
   k_model, k_rank = jax.random.split(key)
   params, stats = setup.model.init(k_model)
   c = setup.cut
-  tx = make_optimizer(setup.momentum, setup.weight_decay)
+  tx = setup.tx
   return State(params[:c], stats[:c], params[c:], stats[c:], tx.init(params[c:]),
                label_rank(k_rank, setup.num_classes),
                jnp.zeros((), jnp.int32))

@@ -40,7 +40,7 @@ from jax import lax
 
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.method import Method, label_rank_of, split_communication
-from jsfl.core.optim import make_optimizer, with_lr
+from jsfl.core.optim import with_lr
 from jsfl.core.plan import RoundPlan, plan_round
 from jsfl.core.portion import Portion, kept
 from jsfl.core.setup import Setup
@@ -226,7 +226,7 @@ def init(setup: Setup, key) -> State:
   k_model, k_rank = jax.random.split(key)
   params, stats = setup.model.init(k_model)
   c, h, G = setup.cut, head_cut(setup), num_groups(setup)
-  tx = make_optimizer(setup.momentum, setup.weight_decay)
+  tx = setup.tx
   # All heads start from the same weights, as the averaged head they become.
   heads = broadcast(params[h:], G)
   return State(params[:c], stats[:c], params[c:h], stats[c:h], tx.init(params[c:h]),

@@ -27,6 +27,9 @@ IGNORED_FIELDS = frozenset({"run.name", "run.out_dir", "run.dir", "run.seed", "r
 IGNORED_SECTIONS = ("exec",)
 # exec keys that change what a run computes, not only how it runs
 COMPARED_EXEC_FIELDS = frozenset({"exec.precision"})
+# keys added after runs were written, at the value those runs computed: a
+# run with that value groups with the runs that do not have the key
+ADDED_AT = {"exec.precision": "float32", "optim.name": "sgd"}
 MISSING = "-"  # a config field a run does not have (e.g. another method's option)
 
 
@@ -54,7 +57,7 @@ def flat_config(run: Run) -> dict[str, Any]:
       key = f"{section}.{k}"
       if section in IGNORED_SECTIONS and key not in COMPARED_EXEC_FIELDS:
         continue
-      if key not in IGNORED_FIELDS and not (key in COMPARED_EXEC_FIELDS and v == "float32"):
+      if key not in IGNORED_FIELDS and not (key in ADDED_AT and v == ADDED_AT[key]):
         flat[key] = _hashable(v)
   if "model.cut" in flat and isinstance(run.resolved.get("cut"), int):
     flat["model.cut"] = run.resolved["cut"]

@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 
+from jsfl import config as config_lib
 from jsfl import reading, rundir
 from jsfl.errors import Diverged, RunDirError, UserError
 from jsfl.sweep.format import Sweep, SweepError
@@ -91,7 +92,7 @@ def split_batch(unit: Unit) -> list[str]:
     if os.path.isdir(os.path.join(src, train.PROFILE_DIR)):  # one trace of all the cells
       shutil.copytree(os.path.join(src, train.PROFILE_DIR), os.path.join(tmp, train.PROFILE_DIR))
     mine = [line for c, line in lines if c == cell.name]
-    if diverged and cell.cfg["run"]["on_divergence"] == "stop_run":
+    if diverged and config_lib.typed(cell.cfg).run.on_divergence == "stop_run":
       stop = min(diverged.values())  # where a run of this cell alone would have stopped
       mine = [line for line in mine if json.loads(line)["round"] <= stop]
     with open(os.path.join(tmp, "metrics.jsonl"), "w") as f:
@@ -117,7 +118,7 @@ def train_unit(unit: Unit, log) -> None:
       are split out and done first, and the message names the cells.
   """
   from jsfl import train
-  d, rounds = unit.dir, unit.cfg["run"]["rounds"]
+  d, rounds = unit.dir, config_lib.typed(unit.cfg).run.rounds
   diverged = None
   if unit.batched and finished_run(d, rounds) and config_diff(d, unit.cfg) == [] \
       and same_cells(d, unit):
@@ -128,7 +129,7 @@ def train_unit(unit: Unit, log) -> None:
         and config_diff(d, unit.cfg) == [] and same_cells(d, unit)):
       log(f"  resuming {d}")
       try:
-        train.resume(d, progress=False if not unit.cfg["exec"]["progress"] else None)
+        train.resume(d, progress=False if not config_lib.typed(unit.cfg).exec.progress else None)
         resumed = True
       except RunDirError:  # another process writes it
         raise
@@ -208,7 +209,7 @@ def validate_units(sweep: Sweep, units: list[Unit], log=None) -> list[Unit]:
     except UserError as e:
       names = getattr(e, "cell", None) or ", ".join(c.name for c in u.cells)
       raise SweepError(f"sweep {sweep.path}, cell {names}: {e}") from None
-    fit = u.slots if u.cfg["exec"]["max_slots"] else fitting_slots(exp)
+    fit = u.slots if config_lib.typed(u.cfg).exec.max_slots else fitting_slots(exp)
     if u.slots <= fit or not u.batched:
       out.append(u)
       continue

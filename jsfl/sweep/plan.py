@@ -11,6 +11,7 @@ import math
 import os
 
 from jsfl import config, slots
+from jsfl import config as config_lib
 from jsfl.sweep.format import Cell, Sweep
 
 DONE = ".done"
@@ -102,7 +103,7 @@ def fields_differing(stored: dict, cfg: dict) -> list[str]:
 
 def status(cell: Cell) -> str:
   """``done``, ``partial`` (its directory has something) or ``todo``."""
-  if finished(cell.dir, cell.cfg["run"]["rounds"]):
+  if finished(cell.dir, config_lib.typed(cell.cfg).run.rounds):
     return "done"
   return "partial" if started(cell.dir) else "todo"
 
@@ -135,12 +136,12 @@ def plan(sweep: Sweep, cells: list[Cell], max_slots: int | None = None,
   """
   groups: dict[str, list[Cell]] = {}
   for c in cells:
-    key = (slots.signature(c.cfg) if c.cfg["method"]["name"] not in UNBATCHABLE_METHODS
+    key = (slots.signature(c.cfg) if config_lib.typed(c.cfg).method.name not in UNBATCHABLE_METHODS
            and not per_cell else f"alone:{c.index}")
     groups.setdefault(key, []).append(c)
   units = []
   for group in groups.values():
-    cap = max_slots or group[0].cfg["exec"]["max_slots"] or math.inf
+    cap = max_slots or config_lib.typed(group[0].cfg).exec.max_slots or math.inf
     chunk: list[Cell] = []
     for c in group:
       if chunk and sum(len(x.seeds) for x in chunk) + len(c.seeds) > cap:
@@ -181,7 +182,8 @@ def shard(units: list[Unit], i: int, n: int) -> list[Unit]:
 
 
 def unit_seeds(u: Unit) -> range:
-  return range(u.cfg["run"]["seed"], u.cfg["run"]["seed"] + u.cfg["run"]["seeds"])
+  run = config_lib.typed(u.cfg).run
+  return range(run.seed, run.seed + run.seeds)
 
 
 def seed_text(seeds) -> str:

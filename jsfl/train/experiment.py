@@ -4,6 +4,7 @@ setup and per-slot values, every option validated before anything is written."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any
 
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jsfl import config as config_lib
+from jsfl import config_types
 from jsfl import slots as slots_lib
 from jsfl.core import sharding
 from jsfl.core.data import RoundData, hyper_of
@@ -22,7 +24,7 @@ from jsfl.models import get_model, layers
 from jsfl.models.base import model_factory
 from jsfl.partitions import dominant_labels, index_table, label_counts, make_partition
 from jsfl.train import compile_cache
-from jsfl.train.programs import default_client_exec, default_client_pass
+from jsfl.train.programs import default_client_exec, default_client_pass, default_seed_exec
 
 
 @dataclasses.dataclass
@@ -47,6 +49,12 @@ class Experiment:
   slots: list[Slot]
   partitions: list[dict]      # per slot: seed, counts, sizes, dominant (and cell)
   data: RoundData             # device arrays; the slot fields have a leading slot axis
+  seed_exec: str = "vmap"     # exec.seed_exec resolved for this backend
+
+  @functools.cached_property
+  def config(self) -> config_types.Config:
+    """The program's config, typed (``cfg`` is the dict it was resolved to)."""
+    return config_lib.typed(self.cfg)
 
   @property
   def seeds(self) -> list[int]:
@@ -86,9 +94,9 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
     ConfigError: for any invalid option (nothing has been written yet).
     ValueError: cells whose static parts differ (a caller's bug).
   """
-  ds_cfg, x_cfg = cfg["dataset"], cfg["exec"]
+  conf = config_lib.typed(cfg)
   # before anything compiles: JAX fixes whether a process uses the cache then
-  compile_cache.enable(x_cfg["compile_cache"])
+  compile_cache.enable(conf.exec.compile_cache)
   cell_list: list[tuple[str | None, dict]] = ([(None, cfg)] if cells is None
                                               else list(cells))
   for name, c in cell_list:
@@ -97,29 +105,28 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
       raise ValueError(f"cell {name!r} cannot be a slot of this program: it differs "
                        f"in {', '.join(diff)}")
   try:
-    dataset = load_dataset(ds_cfg["name"], data_dir=ds_cfg["data_dir"] or None,
-                           download=ds_cfg["download"],
-                           **config_lib.extra_options(cfg, "dataset"))
+    dataset = load_dataset(conf.dataset.name, data_dir=conf.dataset.data_dir or None,
+                           download=conf.dataset.download, **conf.dataset.extra)
   except (ValueError, TypeError) as e:
     raise options_error("dataset", e) from None
   model, cut = build_model(cfg, dataset.input_shape, dataset.num_classes)
-  method = get_method(cfg["method"]["name"])
+  method = get_method(conf.method.name)
 
-  K = cfg["partition"]["num_clients"]
+  K = conf.partition.num_clients
   run_slots = [Slot(s, c, name) for name, c in cell_list
                for s in range(c["run"]["seed"], c["run"]["seed"] + c["run"]["seeds"])]
   parts_per_slot: list[dict[str, Any]] = []
   tables: list[np.ndarray] = []
   for slot in run_slots:
-    p_cfg = slot.cfg["partition"]
+    part = config_lib.typed(slot.cfg).partition
     try:
       # partition.seed >= 0 draws one split for every seed, as the Hydra
       # authors' code does; -1 keeps a draw per seed.
-      draw = p_cfg["seed"] if p_cfg["seed"] >= 0 else slot.seed
-      parts = make_partition(p_cfg["name"], dataset.y_train, K, seed=draw,
+      draw = part.seed if part.seed >= 0 else slot.seed
+      parts = make_partition(part.name, dataset.y_train, K, seed=draw,
                              num_classes=dataset.num_classes,
                              client_ids=dataset.client_ids,
-                             **config_lib.extra_options(slot.cfg, "partition"))
+                             **part.extra)
     except (ValueError, TypeError) as e:
       raise options_error("partition", e, slot.cell) from None
     counts = label_counts(parts, dataset.y_train, dataset.num_classes)
@@ -132,7 +139,7 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
   table = np.stack([np.pad(t, ((0, 0), (0, max_n - t.shape[1]))) for t in tables])
   setup = make_setup(cfg, model, cut, max_n)
   try:
-    sharding.mesh_shape(x_cfg["mesh"], jax.device_count(), len(run_slots),
+    sharding.mesh_shape(conf.exec.mesh, jax.device_count(), len(run_slots),
                         setup.clients_per_round)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from None
@@ -153,7 +160,8 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
       counts=jnp.asarray(np.stack([p["label_counts"] for p in parts_per_slot])
                          .astype(np.int32)),
       hyper=jax.tree.map(lambda *v: jnp.asarray(v, jnp.float32), *hypers))
-  return Experiment(cfg, setup, method, dataset, run_slots, parts_per_slot, data)
+  seed_exec = default_seed_exec() if conf.exec.seed_exec == "auto" else conf.exec.seed_exec
+  return Experiment(cfg, setup, method, dataset, run_slots, parts_per_slot, data, seed_exec)
 
 
 def build_model(cfg: dict, input_shape, num_classes: int):
@@ -163,24 +171,23 @@ def build_model(cfg: dict, input_shape, num_classes: int):
   Raises:
     ConfigError: for a model option the model does not take or allow.
   """
-  m_cfg = cfg["model"]
-  model_opts = config_lib.extra_options(cfg, "model")
-  if m_cfg["norm"]:
-    model_opts["norm"] = m_cfg["norm"]
-  model_opts["conv_impl"] = (layers.default_conv_impl() if m_cfg["conv_impl"] == "auto"
-                             else m_cfg["conv_impl"])
+  c = config_lib.typed(cfg)
+  m = c.model
+  model_opts = dict(m.extra)
+  if m.norm:
+    model_opts["norm"] = m.norm
+  model_opts["conv_impl"] = layers.default_conv_impl() if m.conv_impl == "auto" else m.conv_impl
   model_opts["depthwise_impl"] = (layers.default_depthwise_impl()
-                                  if m_cfg["depthwise_impl"] == "auto"
-                                  else m_cfg["depthwise_impl"])
+                                  if m.depthwise_impl == "auto" else m.depthwise_impl)
   try:
-    model = get_model(m_cfg["name"], input_shape, num_classes, init=m_cfg["init"],
-                      eval_conv_impl=m_cfg["eval_conv_impl"], padding=m_cfg["padding"],
-                      precision=cfg["exec"]["precision"], **model_opts)
+    model = get_model(m.name, input_shape, num_classes, init=m.init,
+                      eval_conv_impl=m.eval_conv_impl, padding=m.padding,
+                      precision=c.exec.precision, **model_opts)
   except TypeError as e:
-    raise config_lib.ConfigError(_model_options_error(m_cfg["name"], model_opts, e)) from None
+    raise config_lib.ConfigError(_model_options_error(m.name, model_opts, e)) from None
   except ValueError as e:
     raise options_error("model", e) from None
-  cut = model.default_cut if m_cfg["cut"] == -1 else m_cfg["cut"]
+  cut = model.default_cut if m.cut == -1 else m.cut
   try:
     model.check_cut(cut, "model.cut")
   except ValueError as e:
@@ -192,24 +199,22 @@ def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
   """The run's :class:`Setup` from a checked config: the method and optimiser
   keys, the method's option set, ``exec.client_exec = auto`` resolved for
   this backend.  ``max_size`` is the widest client row of the index table."""
-  me_cfg, o_cfg, x_cfg = cfg["method"], cfg["optim"], cfg["exec"]
-  K = cfg["partition"]["num_clients"]
-  n = me_cfg["clients_per_round"] or K
-  method_opts = config_lib.extra_options(cfg, "method")
+  c = config_lib.typed(cfg)
+  me, o, x = c.method, c.optim, c.exec
+  K = c.partition.num_clients
+  n = me.clients_per_round or K
   return Setup(
       model=model, num_clients=K, clients_per_round=n, max_size=max_size,
-      batch_size=me_cfg["batch_size"], local_epochs=me_cfg["local_epochs"],
-      cut=cut, order=me_cfg["order"], order_rule=me_cfg["order_rule"],
-      batches_per_turn=me_cfg["batches_per_turn"], drop_last=me_cfg["drop_last"],
-      lr=o_cfg["lr"], lr_decay=o_cfg["lr_decay"], lr_min=o_cfg["lr_min"],
-      lr_decay_start=o_cfg["lr_decay_start"], momentum=o_cfg["momentum"],
-      weight_decay=o_cfg["weight_decay"],
-      client_exec=(default_client_exec(n) if x_cfg["client_exec"] == "auto"
-                   else x_cfg["client_exec"]),
-      client_pass=(default_client_pass() if x_cfg["client_pass"] == "auto"
-                   else x_cfg["client_pass"]),
-      server_unroll=x_cfg["server_unroll"],
-      options=get_method(me_cfg["name"]).options(**method_opts))
+      batch_size=me.batch_size, local_epochs=me.local_epochs,
+      cut=cut, order=me.order, order_rule=me.order_rule,
+      batches_per_turn=me.batches_per_turn, drop_last=me.drop_last,
+      lr=o.lr, lr_decay=o.lr_decay, lr_min=o.lr_min,
+      lr_decay_start=o.lr_decay_start, momentum=o.momentum,
+      weight_decay=o.weight_decay, optimizer=o.name,
+      client_exec=default_client_exec(n) if x.client_exec == "auto" else x.client_exec,
+      client_pass=default_client_pass() if x.client_pass == "auto" else x.client_pass,
+      server_unroll=x.server_unroll,
+      options=get_method(me.name).options(**me.extra))
 
 
 def setup_from(raw: dict, input_shape, num_classes: int, max_size: int) -> Setup:

@@ -107,7 +107,7 @@ def fit(exp, progs, seed_keys, slot, shared, mesh, limit: int | None = None,
   if not hasattr(rnd, "lower"):  # a round that is not one jitted program
     return progs
   limit = memory.device_memory() if limit is None else limit
-  size = min(exp.cfg["exec"]["max_slots"] or n, n)
+  size = min(exp.config.exec.max_slots or n, n)
   while True:
     compiled = compile_round(rnd, init, seed_keys, slot, shared, size)
     need = program_bytes(compiled)
@@ -124,8 +124,8 @@ def fit(exp, progs, seed_keys, slot, shared, mesh, limit: int | None = None,
   if size == n:
     return init, compiled, ev
   if log is not None:
-    why = ("exec.max_slots = " + str(exp.cfg["exec"]["max_slots"])
-           if size == exp.cfg["exec"]["max_slots"] else
+    why = ("exec.max_slots = " + str(exp.config.exec.max_slots)
+           if size == exp.config.exec.max_slots else
            f"{n} slots need more than the device's {limit / 2**30:.1f} GiB in one program")
     log(f"jsfl: {why}: running the slots {size} at a time ({-(-n // size)} calls a round)")
   return (Chunked(init, n, size, 1), Chunked(compiled, n, size, 3),

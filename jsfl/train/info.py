@@ -13,6 +13,7 @@ import sys
 import jax
 
 from jsfl import allocator
+from jsfl import config as config_lib
 from jsfl.core import sharding
 from jsfl.models import layers
 from jsfl.train import compile_cache
@@ -70,8 +71,8 @@ def machine_lines() -> list[str]:
 def config_lines(cfg: dict) -> list[str]:
   """How ``cfg`` would run here: the exec choices ``auto`` resolves to."""
   x, me = cfg["exec"], cfg["method"]
-  per_round = me["clients_per_round"] or cfg["partition"]["num_clients"]
-  seeds = cfg["run"]["seeds"]
+  per_round = me["clients_per_round"] or config_lib.typed(cfg).partition.num_clients
+  seeds = config_lib.typed(cfg).run.seeds
   client = default_client_exec(per_round) if x["client_exec"] == "auto" else x["client_exec"]
   seed = default_seed_exec() if x["seed_exec"] == "auto" else x["seed_exec"]
   try:
@@ -79,8 +80,8 @@ def config_lines(cfg: dict) -> list[str]:
     mesh_text = f"seeds={mesh[0]}, clients={mesh[1]}"
   except ValueError as e:
     mesh_text = f"invalid here ({e})"
-  conv = cfg["model"]["conv_impl"]
-  dw = cfg["model"]["depthwise_impl"]
+  conv = config_lib.typed(cfg).model.conv_impl
+  dw = config_lib.typed(cfg).model.depthwise_impl
   return [
       f"config: {cfg['method']['name']} on {cfg['dataset']['name']}, "
       f"{cfg['model']['name']}, {cfg['partition']['num_clients']} clients "
@@ -106,7 +107,7 @@ def memory_lines(cfg: dict) -> list[str]:
   """The compiled round program's memory (XLA's memory analysis) at the
   config's seeds, and the most seeds whose program fits this device."""
   from jsfl.train import experiment, fit, memory, programs
-  seeds = cfg["run"]["seeds"]
+  seeds = config_lib.typed(cfg).run.seeds
   one = {**cfg, "run": {**cfg["run"], "seeds": 1}}
   exp = experiment.prepare(one)
   init, rnd, _ = programs.build_programs(exp)

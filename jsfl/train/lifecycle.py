@@ -17,7 +17,6 @@ from jsfl import config as config_lib
 from jsfl.errors import Diverged
 from jsfl.models import layers
 from jsfl.train.evaluate import eval_chunk
-from jsfl.train.programs import default_seed_exec
 from jsfl.train.records import slot_name
 
 CELL_ARTIFACTS = "cells"  # a program of several cells: <run dir>/cells/<cell>/<file>
@@ -43,12 +42,11 @@ def write_run_files(cfg: dict, exp, out: str, mesh) -> None:
       "resolved": {"cut": setup.cut, "clients_per_round": setup.clients_per_round,
                    "model_stages": list(setup.model.stage_names),
                    "max_client_size": setup.max_size, "seeds": seeds,
-                   "conv_impl": cfg["model"]["conv_impl"],
+                   "conv_impl": config_lib.typed(cfg).model.conv_impl,
                    "default_conv_impl": layers.default_conv_impl(),
-                   "eval_batch": eval_chunk(cfg["exec"]["eval_batch"]),
+                   "eval_batch": eval_chunk(config_lib.typed(cfg).exec.eval_batch),
                    "client_exec": setup.client_exec,
-                   "seed_exec": (default_seed_exec() if cfg["exec"]["seed_exec"] == "auto"
-                                 else cfg["exec"]["seed_exec"]),
+                   "seed_exec": exp.seed_exec,
                    "default_depthwise_impl": layers.default_depthwise_impl(),
                    "mesh": dict(mesh.shape) if mesh is not None else None,
                    "processes": jax.process_count()},
@@ -196,7 +194,7 @@ def read_run_config(run_dir: str, progress: bool | None = None):
     # A run continues with the client loop it started with, even where a later
     # jsfl measures another default for "auto": the values agree only to float
     # tolerance across loops, and a resumed run must equal an uninterrupted one.
-    if cfg["exec"]["client_exec"] == "auto" and started_with in config_lib.SCHEMA[
+    if config_lib.typed(cfg).exec.client_exec == "auto" and started_with in config_lib.SCHEMA[
         "exec"]["client_exec"].choices[1:]:  # type: ignore[index]
       cfg["exec"]["client_exec"] = started_with
     return cfg
@@ -217,11 +215,11 @@ def finished(run_dir: str, cfg: dict, cells) -> bool:
   """Whether the run in ``run_dir`` has trained all its rounds: its newest
   checkpoint is of the last round, or (runs written before checkpoints
   existed) every seed has a record of the last round."""
-  R = cfg["run"]["rounds"]
+  R = config_lib.typed(cfg).run.rounds
   done = checkpoint.latest_round(os.path.join(run_dir, "checkpoints"))
   if done is not None or cells is not None:
     return (done or 0) >= R
-  seeds = {cfg["run"]["seed"] + s for s in range(cfg["run"]["seeds"])}
+  seeds = {config_lib.typed(cfg).run.seed + s for s in range(config_lib.typed(cfg).run.seeds)}
   try:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
       last = set()

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jsfl import checkpoint, distributed, rundir
+from jsfl import config as config_lib
 from jsfl.errors import Diverged, RunDirError
 from jsfl.train import fit, programs
 from jsfl.train.evaluate import chunk_test_set
@@ -72,12 +73,13 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None,
       checkpoint restores or matches; a checkpoint could not be written.
   """
   exp = exp or prepare(cfg, cells)
+  c = config_lib.typed(cfg)
   # Multi-host: process 0 alone writes files; the others learn its directory
   # (checkpoints are written by all of them into it).
   writes = distributed.is_writer()
   created: list[str] = []
-  out = resume or (rundir.new_run_dir(cfg["run"]["out_dir"], cfg["run"]["name"],
-                                      cfg["run"]["dir"], created) if writes else None)
+  out = resume or (rundir.new_run_dir(c.run.out_dir, c.run.name, c.run.dir, created)
+                   if writes else None)
   out = distributed.broadcast_path(out)
   lock = rundir.RunLock(out)
   try:
@@ -106,22 +108,23 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
   init, rnd, ev = programs.build_programs(exp, mesh)
   slot, shared = split_data(exp.data)
   test = jax.tree.map(jnp.asarray, chunk_test_set(
-      exp.dataset.x_test, exp.dataset.y_test, cfg["exec"]["eval_batch"]))
+      exp.dataset.x_test, exp.dataset.y_test, config_lib.typed(cfg).exec.eval_batch))
   seed_keys, slot, shared, test = place(mesh, make_seed_keys(exp.seeds), slot, shared, test)
   init, rnd, ev = fit.fit(exp, (init, rnd, ev), seed_keys, slot, shared, mesh,
                           log=lambda m: print(m, file=sys.stderr, flush=True) if writes
                           else None)
   _, _, mean, std = shared
   state = commit(init(seed_keys), mesh)
-  R, every, ckpt_every = (cfg["run"][k] for k in ("rounds", "eval_every", "checkpoint_every"))
+  c = config_lib.typed(cfg)
+  R, every, ckpt_every = c.run.rounds, c.run.eval_every, c.run.checkpoint_every
   ckpt = checkpoint.Checkpointer(os.path.join(out, "checkpoints"))
   t = Tally(exp)
   if resume:
     state = t.restore(cfg, out, ckpt, state, writes)
   writer = rundir.MetricsWriter(f"{out}/metrics.jsonl") if writes else rundir.NullWriter()
-  bar = Progress(R, cfg["exec"]["progress"] and writes)
+  bar = Progress(R, c.exec.progress and writes)
   trackers = make_trackers(cfg, exp, out, t.start, writes)
-  profile = Profile(cfg["run"]["profile"], out, writes)
+  profile = Profile(c.run.profile, out, writes)
   stop = StopSignals()
   try:
     for r in range(t.start, R):
@@ -191,7 +194,7 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
   """
   cfg, cells = read_run_config(run_dir, progress)
   if finished(run_dir, cfg, cells):
-    R = cfg["run"]["rounds"]
+    R = config_lib.typed(cfg).run.rounds
     print(f"jsfl: {run_dir} is finished ({R} of {R} rounds); nothing to resume",
           file=sys.stderr)
     return run_dir

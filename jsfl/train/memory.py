@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jsfl.core.data import SHARED_FIELDS
-from jsfl.train.programs import default_seed_exec
 
 MEMORY_SHARE = 0.5  # of the device's memory a sweep's program may plan to fill
 
@@ -40,8 +39,7 @@ def memory_estimate(exp) -> dict:
         p, s, a, start=k, train=True), params[k:k + 1], stats[k:k + 1], x)
     acts += tree_bytes(x)
   side_by_side = setup.clients_per_round if setup.client_exec == "vmap" else 1
-  how = exp.cfg["exec"]["seed_exec"]
-  vmapped = (default_seed_exec() if how == "auto" else how) == "vmap"
+  vmapped = exp.seed_exec == "vmap"
   per_slot = (3 * tree_bytes(state) + tree_bytes(exp.data.table[0])
               + (2 * acts * side_by_side if vmapped else 0))
   shared = tree_bytes([getattr(exp.data, k) for k in SHARED_FIELDS])

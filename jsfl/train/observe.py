@@ -8,6 +8,7 @@ import sys
 
 import jax
 
+from jsfl import config as config_lib
 from jsfl import trackers
 from jsfl.train.lifecycle import CELL_ARTIFACTS
 from jsfl.train.records import warn
@@ -20,11 +21,12 @@ def make_trackers(cfg: dict, exp, out: str, start: int, writes: bool) -> tracker
   run).  A program of several cells writes each cell's tracker files under
   ``cells/<cell>/``, which the sweep moves into the cell's own run
   directory."""
-  slots = [trackers.Slot(s.cell, s.seed, s.cfg, cfg["run"]["name"],
+  run = config_lib.typed(cfg).run
+  slots = [trackers.Slot(s.cell, s.seed, s.cfg, run.name,
                          out if s.cell is None else os.path.join(out, CELL_ARTIFACTS, s.cell),
                          uid=os.path.abspath(out))
            for s in exp.slots]
-  return trackers.Trackers(cfg["run"]["trackers"] if writes else [], slots, warn, start)
+  return trackers.Trackers(run.trackers if writes else [], slots, warn, start)
 
 
 class Profile:

@@ -106,8 +106,7 @@ def build_programs(exp, mesh=None):
     std))``.
   """
   setup, method = exp.setup.static(), exp.method
-  how = exp.cfg["exec"]["seed_exec"]
-  how = default_seed_exec() if how == "auto" else how
+  how = exp.seed_exec
   sharded = not sharding.is_trivial(mesh)
   if sharded and mesh.shape["seeds"] > 1:
     how = "vmap"  # a rolled loop over a sharded axis would gather it
@@ -159,7 +158,7 @@ def all_finite(*trees) -> jax.Array:
 
 def run_mesh(exp):
   """The run's device mesh (``exec.mesh``), or None on a single device."""
-  shape = sharding.mesh_shape(exp.cfg["exec"]["mesh"], jax.device_count(),
+  shape = sharding.mesh_shape(exp.config.exec.mesh, jax.device_count(),
                               len(exp.seeds), exp.setup.clients_per_round)
   return None if shape == (1, 1) else sharding.make_mesh(shape)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from jsfl import config as config_lib
 from jsfl import metrics, rundir
 
 # What every round returns; any other metric a method returns is a logged
@@ -50,7 +51,7 @@ def round_record(cfg, exp, state, m, e, i, r, history, wall, traffic) -> dict:
   history.append(pla)
   up, down, cum_up, cum_down = traffic
   rec = {
-      "round": r + 1, "seed": slot.seed, "method": cfg["method"]["name"],
+      "round": r + 1, "seed": slot.seed, "method": config_lib.typed(cfg).method.name,
       "accuracy": float(e["accuracy"][i]), "loss": float(e["loss"][i]),
       "per_label_accuracy": pla,
       "pg": float(metrics.performance_gap(pla, present)),
@@ -86,7 +87,7 @@ def summary(cfg, records, diverged=None) -> dict:
             **{k: v if v is not None else dict(EMPTY_FIGURE)
                for k, v in metrics.summarize(recs).items()}}
   cells = list(dict.fromkeys(r["cell"] for r in records if "cell" in r))
-  return {"method": cfg["method"]["name"],
+  return {"method": config_lib.typed(cfg).method.name,
           "rounds_evaluated": max((r["round"] for r in records), default=0),
           # A program of several cells: a summary per cell (pooling them would
           # mix learning rates and partitions).
@@ -177,7 +178,7 @@ class Tally:
     cell's ``run.on_divergence`` to its own records when it splits them).
     """
     finite, loss = np.asarray(m["finite"]), np.asarray(m["loss"], np.float64)
-    limit = cfg["run"]["divergence_loss"]
+    limit = config_lib.typed(cfg).run.divergence_loss
     exploded = (loss > limit) if limit > 0 else np.zeros_like(finite)
     newly = [i for i in range(len(self.ids)) if (not finite[i] or exploded[i])
              and i not in self.diverged]
@@ -190,11 +191,11 @@ class Tally:
                   f"run.divergence_loss={limit:g}")
       warn(f"seed{'s' * (len(newly) > 1)} {', '.join(names)} diverged at "
            f"round {r + 1} ({why}); "
-           + ("stopping the run" if cfg["run"]["on_divergence"] == "stop_run"
+           + ("stopping the run" if config_lib.typed(cfg).run.on_divergence == "stop_run"
               and not self.several
               else f"{'their' if len(newly) > 1 else 'its'} later rounds are not recorded"))
     every = len(self.diverged) == len(self.ids)
-    return bool(self.diverged) and (every or (cfg["run"]["on_divergence"] == "stop_run"
+    return bool(self.diverged) and (every or (config_lib.typed(cfg).run.on_divergence == "stop_run"
                                               and not self.several))
 
   def record(self, cfg, exp, state, m, e, r, wall, traffic, writer):

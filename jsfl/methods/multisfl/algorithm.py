@@ -22,7 +22,7 @@ from jsfl.core.method import (
   portion_bytes,
   split_communication,
 )
-from jsfl.core.optim import gate, make_optimizer, with_lr
+from jsfl.core.optim import gate, with_lr
 from jsfl.core.plan import RoundPlan, plan_round
 from jsfl.core.portion import Portion, fresh_stack
 from jsfl.core.setup import Setup
@@ -75,7 +75,7 @@ def init(setup: Setup, key) -> State:
   gamma and p_min may be traced per-slot values here."""
   params, stats = setup.model.init(key)
   c, n = setup.cut, setup.clients_per_round
-  tx = make_optimizer(setup.momentum, setup.weight_decay)
+  tx = setup.tx
   part2 = broadcast(params[c:], n)
   p0 = 0.0 if options(setup).replay == "off" else options(setup).p0
   return State(broadcast(params[:c], n), broadcast(stats[:c], n),
@@ -231,7 +231,7 @@ def plan(setup: Setup, state: State, data, key) -> RoundPlan:
   side), with the decisions in its context."""
   d = decide(setup, state, data, key)
   return RoundPlan(d.clients, d.sizes, d.idx, d.mask, key,
-                   make_optimizer(setup.momentum, setup.weight_decay), d.lr,
+                   setup.tx, d.lr,
                    options(setup, data), Context(d, data))
 
 
