@@ -1,0 +1,77 @@
+"""The run directories committed under experiments/ (no training, no jax).
+
+Every directory there that holds ``metrics.jsonl`` is a run directory
+(docs/run-directory.md) and keeps its contract: ``config.json``,
+``partition.json``, ``metrics.jsonl`` and ``summary.json``, plus
+``groups.json`` where the run's method is Hydra.  No file or folder name
+under experiments/ is longer than a sweep cell's name may be
+(jsfl.sweep.format.NAME_LIMIT, 60 characters), so the tree checks out on
+every file system and reads in a listing.  One case per top-level folder of
+experiments/, so a folder that is not yet in shape fails alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from jsfl.sweep.format import NAME_LIMIT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPERIMENTS = os.path.join(ROOT, "experiments")
+CONTRACT = ("config.json", "partition.json", "metrics.jsonl", "summary.json")
+FOLDERS = sorted(d for d in os.listdir(EXPERIMENTS)
+                 if os.path.isdir(os.path.join(EXPERIMENTS, d)) and not d.startswith("."))
+# experiments/hydra's over-long names are renamed on another branch; until it
+# lands its name case may fail (and passes once it has).
+LONG_NAMES_PENDING = {"hydra": "experiments/hydra's cells are renamed to <= 60 characters on "
+                    "another branch (issue 'One shape for every engine', item 5)"}
+
+
+def case(folder, pending=None):
+  marks = ([pytest.mark.xfail(strict=False, reason=pending[folder])]
+           if pending and folder in pending else [])
+  return pytest.param(folder, marks=marks, id=folder)
+
+
+def walk(folder):
+  """(directory, its sub-directories, its files) under experiments/<folder>,
+  hidden entries left out (a sweep's ``.batch-*`` while it trains)."""
+  for d, dirs, files in os.walk(os.path.join(EXPERIMENTS, folder)):
+    dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+    yield d, dirs, [f for f in files if not f.startswith(".")]
+
+
+def test_there_are_committed_runs():
+  runs = [d for f in FOLDERS for d, _, files in walk(f) if "metrics.jsonl" in files]
+  assert len(runs) > 100, runs
+
+
+@pytest.mark.parametrize("folder", [case(f) for f in FOLDERS])
+def test_run_directories_keep_their_contract(folder):
+  bad = []
+  for d, _, files in walk(folder):
+    if "metrics.jsonl" not in files:
+      continue
+    want = list(CONTRACT)
+    if "config.json" in files:
+      with open(os.path.join(d, "config.json")) as f:
+        meta = json.load(f)
+      if meta.get("config", {}).get("method", {}).get("name") == "hydra":
+        want.append("groups.json")
+    missing = [w for w in want if w not in files]
+    if missing:
+      bad.append(f"{os.path.relpath(d, ROOT)}: no {', '.join(missing)}")
+  assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("folder", [case(f, LONG_NAMES_PENDING) for f in FOLDERS])
+def test_no_name_over_the_limit(folder):
+  long = []
+  for d, dirs, files in walk(folder):
+    for name in dirs + files:
+      if len(name) > NAME_LIMIT:
+        long.append(f"{os.path.relpath(os.path.join(d, name), ROOT)} ({len(name)})")
+  assert not long, f"{len(long)} names over {NAME_LIMIT} characters:\n" + "\n".join(long)
