@@ -39,10 +39,10 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import time
 
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,7 +56,7 @@ VISITS = 10
 
 def machine() -> dict:
   d = jax.devices()[0]
-  return {"host": socket.gethostname(), "platform": platform.platform(),
+  return {"host": _results.host(), "platform": platform.platform(),
           "cpus": os.cpu_count(), "backend": jax.default_backend(),
           "device": getattr(d, "device_kind", str(d)), "jax": jax.__version__}
 
@@ -230,14 +230,12 @@ def main():
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--deadline", type=float, default=None,
                   help="seconds after which no further cell is started")
-  ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
   batch = 8 if args.smoke else args.batch
   repeats = 1 if args.smoke else args.repeats
   input_shape = (16, 16, 3) if args.smoke else (32, 32, 3)
   res = {"machine": machine(), "batch": batch, "visits": VISITS, "rows": []}
-  os.makedirs(args.out, exist_ok=True)
-  partial = os.path.join(args.out, "seed_kernels-partial.json")
   print(res["machine"], flush=True)
   start = time.perf_counter()
   for model_name, width, seeds, names in plan(args.smoke):
@@ -257,14 +255,10 @@ def main():
                f"{row['ms_per_visit']:9.3f} ms/visit {row['samples_per_s']:11,.0f} samples/s "
                f"compile {row['compile_s']:6.1f} s temp "
                f"{row.get('temp_size_in_bytes', 0) / 2**20:9.1f} MiB"), flush=True)
-      with open(partial + ".tmp", "w") as f:
-        json.dump({**res, "partial": True}, f, indent=1)
-      os.replace(partial + ".tmp", partial)
-  path = os.path.join(args.out, f"seed_kernels-{jax.default_backend()}-{socket.gethostname()}-"
-                      f"{time.strftime('%Y%m%d-%H%M%S')}.json")
-  with open(path, "w") as f:
-    json.dump(res, f, indent=1)
-  os.remove(partial)
+      _results.write_partial(args.out, "seed_kernels", res)
+  path = _results.write_json(
+      _results.path(args.out, "seed_kernels", jax.default_backend(), _results.host()), res)
+  _results.drop_partial(args.out, "seed_kernels")
   print("census of the first cell:", json.dumps(res["rows"][0].get("census"), indent=1))
   print(f"wrote {path}")
 
