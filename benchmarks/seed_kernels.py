@@ -29,6 +29,7 @@ Usage::
 
   python benchmarks/seed_kernels.py                 # the GPU grid
   python benchmarks/seed_kernels.py --smoke         # toy sizes, any backend
+  python benchmarks/seed_kernels.py --cells resnet18:8:im2col/vmap_grad   # chosen cells
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import os
 import platform
 import re
 import statistics
+import sys
 import time
 
 import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
@@ -230,15 +232,29 @@ def main():
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--deadline", type=float, default=None,
                   help="seconds after which no further cell is started")
+  ap.add_argument("--cells", nargs="*", default=None,
+                  help="MODEL:SEEDS:VARIANT[:WIDTH] cells (width 1.0 unless named; "
+                  "small_cnn's is an int) instead of the grid")
   ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
+  cells = None
+  if args.cells:
+    cells = [c.split(":") for c in args.cells]
+    bad = [c for c, parts in zip(args.cells, cells, strict=True)
+           if len(parts) not in (3, 4) or not parts[1].isdigit() or parts[2] not in VARIANTS]
+    if bad:
+      ap.error(f"--cells {' '.join(bad)}: MODEL:SEEDS:VARIANT[:WIDTH]; variants allowed: "
+               f"{', '.join(VARIANTS)}")
   batch = 8 if args.smoke else args.batch
   repeats = 1 if args.smoke else args.repeats
   input_shape = (16, 16, 3) if args.smoke else (32, 32, 3)
-  res = {"machine": machine(), "batch": batch, "visits": VISITS, "rows": []}
+  res = {"machine": machine(), "batch": batch, "visits": VISITS, "rows": [],
+         "command": "python benchmarks/seed_kernels.py " + " ".join(sys.argv[1:])}
   print(res["machine"], flush=True)
   start = time.perf_counter()
-  for model_name, width, seeds, names in plan(args.smoke):
+  width = lambda c: (float(c[3]) if "." in c[3] else int(c[3])) if len(c) == 4 else 1.0
+  grid = ([(c[0], width(c), int(c[1]), [c[2]]) for c in cells] if cells else plan(args.smoke))
+  for model_name, width, seeds, names in grid:
     for name in names:
       if args.deadline is not None and time.perf_counter() - start > args.deadline:
         res.setdefault("skipped", []).append([model_name, seeds, name])
