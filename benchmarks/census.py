@@ -39,7 +39,8 @@ import time
 
 import jax
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when a test loads it
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # a test loads it by path
+  sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 import _results  # noqa: E402  (benchmarks/ is not a package: a sibling module)
 
 from jsfl import config as config_lib
