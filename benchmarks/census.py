@@ -23,7 +23,7 @@ Usage::
       --seeds 1 4 16 --as gpu
   python benchmarks/census.py experiments/core/demo.toml --seeds 1 2
 
-Writes ``benchmarks/results/census-<backend>-<host>-<time>.json``.
+Writes ``benchmarks/results/census-<backend>-<host>-[<label>-]<time>.json``.
 """
 
 from __future__ import annotations
@@ -34,11 +34,14 @@ import json
 import os
 import platform
 import re
-import socket
 import sys
 import time
 
 import jax
+
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # a test loads it by path
+  sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import _results  # noqa: E402  (benchmarks/ is not a package: a sibling module)
 
 from jsfl import config as config_lib
 from jsfl.models import layers
@@ -138,7 +141,7 @@ def round_census(cfg: dict, compile_: bool = True) -> dict:
 
 def machine() -> dict:
   d = jax.devices()[0]
-  return {"host": socket.gethostname(), "platform": platform.platform(),
+  return {"host": _results.host(), "platform": platform.platform(),
           "cpus": os.cpu_count(), "backend": jax.default_backend(),
           "device": getattr(d, "device_kind", str(d)), "jax": jax.__version__}
 
@@ -152,7 +155,7 @@ def main(argv=None):
   ap.add_argument("--no-compile", action="store_true",
                   help="lower only (no memory analysis)")
   ap.add_argument("--label", default="", help="a name for this census in the JSON")
-  ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args(argv)
   files = [a for a in args.config if "=" not in a]
   overrides = [a for a in args.config if "=" in a]
@@ -176,13 +179,8 @@ def main(argv=None):
          "as_backend": args.as_backend, "rows": rows,
          "command": "python benchmarks/census.py " + " ".join(sys.argv[1:] if argv is None
                                                             else argv)}
-  os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, f"census-{jax.default_backend()}-{socket.gethostname()}-"
-                      f"{args.label + '-' if args.label else ''}"
-                      f"{time.strftime('%Y%m%d-%H%M%S')}.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(res, f, indent=1)
-  os.replace(path + ".tmp", path)
+  path = _results.write_json(_results.path(args.out, "census", jax.default_backend(),
+                                             _results.host(), args.label), res)
   print(f"wrote {path}")
   return res
 

@@ -16,7 +16,6 @@ included) and stops when the first new record reaches ``metrics.jsonl``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -26,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -106,7 +107,7 @@ def main():
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
   ap.add_argument("--repeats", type=int, default=2)
-  ap.add_argument("--out", default=os.path.join(HERE, "results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
   import jax
   machine = {"host": platform.node(), "platform": platform.platform(),
@@ -129,13 +130,11 @@ def main():
     rows[name] = {"median": med, "runs": rs, "args": CONFIGS[name]}
     print(f"| {name} | {med['cold']:.1f} | {med['warm']:.1f} | {med['resume']:.1f} | "
           f"{med['resume0']:.1f} | {med['cache_mb']:.1f} |")
-  os.makedirs(args.out, exist_ok=True)
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  path = os.path.join(args.out, f"compile_cache-{machine['backend']}-{stamp}.json")
-  with open(path, "w") as f:
-    json.dump({"benchmark": "compile_cache", "machine": machine, "repeats": args.repeats,
-               "what": "seconds from process start to the first new metrics.jsonl record",
-               "configs": rows}, f, indent=1)
+  path = _results.write_json(
+      _results.path(args.out, "compile_cache", machine["backend"]),
+      {"benchmark": "compile_cache", "machine": machine, "repeats": args.repeats,
+       "what": "seconds from process start to the first new metrics.jsonl record",
+       "configs": rows})
   print("wrote", path)
 
 

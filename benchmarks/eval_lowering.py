@@ -18,12 +18,12 @@ Writes ``results/eval_lowering-<backend>-<host>-<time>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import socket
 import statistics
 import time
+
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 MODELS = {"small_cnn": {}, "mobilenet_v1": {"width": 0.5}}
 
@@ -35,7 +35,7 @@ def main() -> None:
   ap.add_argument("--chunks", nargs="+", type=int, default=[250, 1000])
   ap.add_argument("--samples", type=int, default=10000)
   ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
 
   import jax
@@ -68,14 +68,12 @@ def main() -> None:
         rows.append(row)
         print(f"{name:<13} {impl:<7} chunk {chunk:>5}: {row['s_per_pass']:.3f} s per "
               f"{args.samples} samples", flush=True)
-  os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, f"eval_lowering-{jax.default_backend()}-{socket.gethostname()}"
-                      f"-{time.strftime('%Y%m%d-%H%M%S')}.json")
-  with open(path, "w") as f:
-    json.dump({"machine": {"host": socket.gethostname(), "platform": platform.platform(),
-                           "cpus": os.cpu_count(), "backend": jax.default_backend(),
-                           "devices": [str(d) for d in jax.devices()]},
-               "args": vars(args), "rows": rows}, f, indent=1)
+  path = _results.write_json(
+      _results.path(args.out, "eval_lowering", jax.default_backend(), _results.host()),
+      {"machine": {"host": _results.host(), "platform": platform.platform(),
+                   "cpus": os.cpu_count(), "backend": jax.default_backend(),
+                   "devices": [str(d) for d in jax.devices()]},
+       "args": vars(args), "rows": rows})
   print(f"wrote {path}")
 
 

@@ -38,11 +38,12 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import argparse
 import json
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -66,7 +67,7 @@ SMOKE = [("small_cnn", 2, "old"), ("small_cnn", 1, "bf16")]
 def machine() -> dict:
   import jax
   d = jax.devices()[0]
-  return {"host": socket.gethostname(), "platform": platform.platform(),
+  return {"host": _results.host(), "platform": platform.platform(),
           "cpus": os.cpu_count(), "backend": jax.default_backend(),
           "device": getattr(d, "device_kind", str(d)), "jax": jax.__version__}
 
@@ -148,7 +149,7 @@ def main():
   ap.add_argument("--deadline", type=float, default=None,
                   help="seconds after which no further cell is started")
   ap.add_argument("--cell-timeout", type=float, default=300)
-  ap.add_argument("--out", default=os.path.join(HERE, "results"))
+  ap.add_argument("--out", default=_results.DIR)
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
@@ -164,8 +165,6 @@ def main():
   res = {"machine": None, "clients": args.clients, "batch": args.batch,
          "width": args.width, "size": args.size, "rows": [],
          "command": "python benchmarks/fill.py " + " ".join(sys.argv[1:])}
-  os.makedirs(args.out, exist_ok=True)
-  partial = os.path.join(args.out, "fill-partial.json")
   start = time.perf_counter()
   for i, (model, seeds, lowering) in enumerate(grid):
     row = {"model": model, "seeds": int(seeds), "lowering": lowering}
@@ -199,15 +198,10 @@ def main():
         f"{row['samples_per_s']:11,.0f} samples/s  compile {row['compile_s']:6.1f} s  "
         f"peak {(row.get('peak_bytes') or 0) / 2**30:6.2f} GiB  program "
         f"{(row.get('program_bytes') or 0) / 2**30:6.2f} GiB"), flush=True)
-    with open(partial + ".tmp", "w") as f:
-      json.dump({**res, "partial": True}, f, indent=1)
-    os.replace(partial + ".tmp", partial)
+    _results.write_partial(args.out, "fill", res)
   backend = (res["machine"] or {}).get("backend", "unknown")
-  path = os.path.join(args.out, f"fill-{backend}-{socket.gethostname()}-"
-                      f"{time.strftime('%Y%m%d-%H%M%S')}.json")
-  with open(path, "w") as f:
-    json.dump(res, f, indent=1)
-  os.remove(partial)
+  path = _results.write_json(_results.path(args.out, "fill", backend, _results.host()), res)
+  _results.drop_partial(args.out, "fill")
   print(f"wrote {path}")
 
 

@@ -55,12 +55,13 @@ import platform
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 RECIPE = os.path.join(ROOT, "experiments/hydra/authors_code/run.sh")
@@ -276,7 +277,7 @@ def cpu_model() -> str:
 def machine() -> dict:
   import jax
   dev = jax.devices()[0]
-  return {"host": socket.gethostname(), "platform": platform.platform(),
+  return {"host": _results.host(), "platform": platform.platform(),
           "cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
           "backend": jax.default_backend(), "device": dev.device_kind,
           "devices": jax.device_count(), "jax": jax.__version__}
@@ -408,7 +409,7 @@ def main() -> None:
   ap.add_argument("--write-data", metavar="DIR", default=None,
                   help="only write Fashion-MNIST for --data-dir into DIR (the training "
                        "images outside the cells' 6,000-image subset zeroed) and exit")
-  ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
   if args.write_data:
     write_data(args.write_data, source=args.data_dir)
@@ -441,21 +442,15 @@ def main() -> None:
   peak = matmul_flops_per_s()
   print(f"# {flops / 1e6:.2f} MFLOP per training sample (XLA); matmul peak "
         f"{peak / 1e9:.1f} GFLOP/s", flush=True)
-  os.makedirs(args.out, exist_ok=True)
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  path = os.path.join(args.out,
-                      f"hydra_vs_authors-{args.model}-{socket.gethostname()}-{stamp}.json")
+  path = _results.path(args.out, "hydra_vs_authors", args.model, _results.host())
   head = {"machine": machine(), "authors_torch": authors_torch(args.py, args.device),
           "args": vars(args), "train_flops_per_sample": flops,
           "matmul_peak_flops_per_s": peak}
   rows: list[dict] = []
 
   def write(finished: bool, skipped: list[str]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump({**head, "finished": finished, "not_started": skipped, "rows": rows,
-                 "summary": summarize(rows, args.cells, args.rounds)}, f, indent=1)
-    os.replace(tmp, path)
+    _results.write_json(path, {**head, "finished": finished, "not_started": skipped,
+                               "rows": rows, "summary": summarize(rows, args.cells, args.rounds)})
 
   skipped: list[str] = []
   write(False, skipped)  # the machine and settings, kept if the runs are stopped

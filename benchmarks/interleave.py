@@ -23,12 +23,13 @@ import json
 import os
 import re
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 REPLY = "@@ "
 
@@ -156,15 +157,10 @@ def write_results(res: dict, out: str, prefix: str, plot) -> str:
   """Writes ``res`` as ``OUT/PREFIX-<backend>-<host>-<time>.json`` and its
   plot as the matching ``.png``; returns the path stem."""
   import jax
-  os.makedirs(out, exist_ok=True)
-  stem = os.path.join(out, f"{prefix}-{jax.default_backend()}-{socket.gethostname()}-"
-                      f"{time.strftime('%Y%m%d-%H%M%S')}")
-  with open(stem + ".json", "w") as f:
-    json.dump(res, f, indent=1)
+  stem = _results.path(out, prefix, jax.default_backend(), _results.host(), ext="")
+  _results.write_json(stem + ".json", res)
   plot(res, stem + ".png")
-  partial = os.path.join(out, f"{prefix}-partial.json")
-  if os.path.exists(partial):
-    os.remove(partial)
+  _results.drop_partial(out, prefix)
   print(f"\nwrote {stem}.json and .png")
   return stem
 
@@ -173,12 +169,7 @@ def write_partial(res: dict, out: str, prefix: str) -> str:
   """Rewrites ``OUT/PREFIX-partial.json`` (atomically) with the rows so far, so
   a run stopped by a time limit keeps what it measured; the final
   :func:`write_results` removes it."""
-  os.makedirs(out, exist_ok=True)
-  path = os.path.join(out, f"{prefix}-partial.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump({**res, "partial": True}, f, indent=1)
-  os.replace(path + ".tmp", path)
-  return path
+  return _results.write_partial(out, prefix, res)
 
 
 def add_run_args(ap: argparse.ArgumentParser, out: str) -> None:

@@ -29,10 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 import types
+
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 WIDTH, BATCH, SHAPE, CLASSES = 0.5, 64, (28, 28, 1), 10
 PORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments",
@@ -140,7 +141,7 @@ def main() -> None:
   ap.add_argument("--torch-only", action="store_true", help="time PyTorch's side only")
   ap.add_argument("--out-json", help="with --torch-only: write its figures here")
   ap.add_argument("--torch-json", help="PyTorch's figures (from --torch-only) to set beside")
-  ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
   if args.torch_only:
     t = torch_side(args.n)
@@ -151,7 +152,7 @@ def main() -> None:
     return
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from hydra_vs_authors import cpu_model
-  res = {"host": socket.gethostname(), "cpu": cpu_model(),
+  res = {"host": _results.host(), "cpu": cpu_model(),
          "xla_flags": os.environ.get("XLA_FLAGS", ""),
          "width": WIDTH, "batch": BATCH, "jsfl": jax_side(args.n)}
   if args.torch_json:
@@ -169,11 +170,7 @@ def main() -> None:
   steps = [j["step_ms_shifts"], j["step_ms_grouped"]] + (
       [res["pytorch"]["step_ms"]] if "pytorch" in res else [])
   print(f"{'whole step (+ SGD)':<22}" + "".join(f"{t:>14.2f}" for t in steps))
-  os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, f"mobilenet_breakdown-{socket.gethostname()}-"
-                      f"{time.strftime('%Y%m%d-%H%M%S')}.json")
-  with open(path, "w") as f:
-    json.dump(res, f, indent=1)
+  path = _results.write_json(_results.path(args.out, "mobilenet_breakdown", _results.host()), res)
   print(f"wrote {path}")
 
 

@@ -27,11 +27,11 @@ import glob
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
-import time
+
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CONFIG = os.path.join(ROOT, "experiments/multisfl/fmnist_authors.toml")
@@ -79,7 +79,7 @@ def authors_rate(logs: str, method: str) -> list[dict]:
 
 def machine() -> dict:
   import jax
-  return {"host": socket.gethostname(), "platform": platform.platform(),
+  return {"host": _results.host(), "platform": platform.platform(),
           "processor": platform.machine(), "cpus": os.cpu_count(),
           "backend": jax.default_backend(), "jax": jax.__version__}
 
@@ -96,7 +96,7 @@ def main(argv=None) -> None:
   ap.add_argument("--authors-threads", type=int, default=1,
                   help="torch threads the authors' runs used (run.sh THREADS)")
   ap.add_argument("--jsfl", default=os.path.join(os.path.dirname(sys.executable), "jsfl"))
-  ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks/results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args(argv)
   res = {"machine": machine(), "args": vars(args),
          "jsfl": [jsfl_rate(m, x, args.rounds, args.seed, args.jsfl)
@@ -113,11 +113,7 @@ def main(argv=None) -> None:
     print(f"| authors' code {r['method']} ({r['log']}, {r['rounds']} rounds, "
           f"{r['threads']} thread(s)) | "
           f"{r['samples_per_s']:,.0f} | {r['replay_samples_per_s']:,.0f} |")
-  os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, f"multisfl_vs_authors-{socket.gethostname()}-"
-                                f"{time.strftime('%Y%m%d-%H%M%S')}.json")
-  with open(path, "w") as f:
-    json.dump(res, f, indent=1)
+  path = _results.write_json(_results.path(args.out, "multisfl_vs_authors", _results.host()), res)
   print(path)
 
 

@@ -47,10 +47,10 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import argparse
 import json
 import platform
-import socket
 import sys
 import time
 
+import _results  # a sibling module, as interleave below
 import jax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -175,7 +175,7 @@ def run_curve(args, argv, points: list[dict]) -> list[dict]:
 
 def machine() -> dict:
   d = jax.devices()[0]
-  return {"host": socket.gethostname(), "platform": platform.platform(),
+  return {"host": _results.host(), "platform": platform.platform(),
           "processor": platform.machine(), "cpus": os.cpu_count(),
           "backend": jax.default_backend(), "device": getattr(d, "device_kind", str(d)),
           "devices": jax.device_count(), "jax": jax.__version__}
@@ -256,7 +256,7 @@ def main(argv=None):
                   help="time a curve's points round-robin with all workers alive (auto: "
                   "on for CPU, where the load varies; off on accelerators, where live "
                   "workers would hold device memory)")
-  interleave.add_run_args(ap, os.path.join(HERE, "results"))
+  interleave.add_run_args(ap, _results.DIR)
   argv = sys.argv[1:] if argv is None else list(argv)
   args = ap.parse_args(argv)
   if args.worker:

@@ -29,6 +29,7 @@ Usage::
 
   python benchmarks/seed_kernels.py                 # the GPU grid
   python benchmarks/seed_kernels.py --smoke         # toy sizes, any backend
+  python benchmarks/seed_kernels.py --cells resnet18:8:im2col/vmap_grad   # chosen cells
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
+import sys
 import time
 
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,7 +58,7 @@ VISITS = 10
 
 def machine() -> dict:
   d = jax.devices()[0]
-  return {"host": socket.gethostname(), "platform": platform.platform(),
+  return {"host": _results.host(), "platform": platform.platform(),
           "cpus": os.cpu_count(), "backend": jax.default_backend(),
           "device": getattr(d, "device_kind", str(d)), "jax": jax.__version__}
 
@@ -230,17 +232,29 @@ def main():
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--deadline", type=float, default=None,
                   help="seconds after which no further cell is started")
-  ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  ap.add_argument("--cells", nargs="*", default=None,
+                  help="MODEL:SEEDS:VARIANT[:WIDTH] cells (width 1.0 unless named; "
+                  "small_cnn's is an int) instead of the grid")
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
+  cells = None
+  if args.cells:
+    cells = [c.split(":") for c in args.cells]
+    bad = [c for c, parts in zip(args.cells, cells, strict=True)
+           if len(parts) not in (3, 4) or not parts[1].isdigit() or parts[2] not in VARIANTS]
+    if bad:
+      ap.error(f"--cells {' '.join(bad)}: MODEL:SEEDS:VARIANT[:WIDTH]; variants allowed: "
+               f"{', '.join(VARIANTS)}")
   batch = 8 if args.smoke else args.batch
   repeats = 1 if args.smoke else args.repeats
   input_shape = (16, 16, 3) if args.smoke else (32, 32, 3)
-  res = {"machine": machine(), "batch": batch, "visits": VISITS, "rows": []}
-  os.makedirs(args.out, exist_ok=True)
-  partial = os.path.join(args.out, "seed_kernels-partial.json")
+  res = {"machine": machine(), "batch": batch, "visits": VISITS, "rows": [],
+         "command": "python benchmarks/seed_kernels.py " + " ".join(sys.argv[1:])}
   print(res["machine"], flush=True)
   start = time.perf_counter()
-  for model_name, width, seeds, names in plan(args.smoke):
+  width = lambda c: (float(c[3]) if "." in c[3] else int(c[3])) if len(c) == 4 else 1.0
+  grid = ([(c[0], width(c), int(c[1]), [c[2]]) for c in cells] if cells else plan(args.smoke))
+  for model_name, width, seeds, names in grid:
     for name in names:
       if args.deadline is not None and time.perf_counter() - start > args.deadline:
         res.setdefault("skipped", []).append([model_name, seeds, name])
@@ -257,14 +271,10 @@ def main():
                f"{row['ms_per_visit']:9.3f} ms/visit {row['samples_per_s']:11,.0f} samples/s "
                f"compile {row['compile_s']:6.1f} s temp "
                f"{row.get('temp_size_in_bytes', 0) / 2**20:9.1f} MiB"), flush=True)
-      with open(partial + ".tmp", "w") as f:
-        json.dump({**res, "partial": True}, f, indent=1)
-      os.replace(partial + ".tmp", partial)
-  path = os.path.join(args.out, f"seed_kernels-{jax.default_backend()}-{socket.gethostname()}-"
-                      f"{time.strftime('%Y%m%d-%H%M%S')}.json")
-  with open(path, "w") as f:
-    json.dump(res, f, indent=1)
-  os.remove(partial)
+      _results.write_partial(args.out, "seed_kernels", res)
+  path = _results.write_json(
+      _results.path(args.out, "seed_kernels", jax.default_backend(), _results.host()), res)
+  _results.drop_partial(args.out, "seed_kernels")
   print("census of the first cell:", json.dumps(res["rows"][0].get("census"), indent=1))
   print(f"wrote {path}")
 

@@ -20,10 +20,10 @@ Writes ``results/step_breakdown-<host>-<threads>t-<time>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import time
+
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 
 def bench(fn, *args, n: int = 40) -> float:
@@ -68,7 +68,7 @@ def main() -> None:
                   help="PyTorch's threads (XLA's are set by XLA_FLAGS / taskset)")
   ap.add_argument("--torch-only", action="store_true",
                   help="time only PyTorch's step (prints it; writes nothing)")
-  ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
   if args.torch_only:
     t = torch_step_s(args.threads)
@@ -83,7 +83,7 @@ def main() -> None:
   from jsfl.models import get_model
   from jsfl.models.layers import conv2d
 
-  out: dict = {"host": socket.gethostname(), "cpus": os.cpu_count(),
+  out: dict = {"host": _results.host(), "cpus": os.cpu_count(),
                "xla_flags": os.environ.get("XLA_FLAGS", ""), "threads": args.threads}
   a = jnp.ones((1024, 1024))
   out["matmul_gflop_per_s"] = 2 * 1024 ** 3 / bench(jax.jit(lambda a: a @ a), a, n=20) / 1e9
@@ -113,11 +113,8 @@ def main() -> None:
   out["flops_per_step"] = 64 * 7.39e6  # XLA's count (benchmarks/hydra_vs_authors.py)
   for k, v in out.items():
     print(f"{k:<32} {v:.3f}" if isinstance(v, float) else f"{k:<32} {v}")
-  os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, f"step_breakdown-{socket.gethostname()}-"
-                      f"{args.threads}t-{time.strftime('%Y%m%d-%H%M%S')}.json")
-  with open(path, "w") as f:
-    json.dump(out, f, indent=1)
+  path = _results.write_json(
+      _results.path(args.out, "step_breakdown", _results.host(), f"{args.threads}t"), out)
   print(f"wrote {path}")
 
 

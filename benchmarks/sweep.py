@@ -32,12 +32,13 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -124,7 +125,7 @@ def main() -> None:
   ap.add_argument("--train-size", type=int, default=6000)
   ap.add_argument("--test-size", type=int, default=1000)
   ap.add_argument("--repeats", type=int, default=1)
-  ap.add_argument("--out", default=os.path.join(HERE, "results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
 
   import jax  # the machine, as the subprocesses will see it
@@ -149,8 +150,7 @@ def main() -> None:
   ratio = med["slots"]["runs_per_hour"] / med["per_cell"]["runs_per_hour"]
   print(f"slots / per_cell: {ratio:.2f}x runs/hour; largest accuracy difference "
         f"{diff if diff is None else f'{diff:.4f}'} points")
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  host = socket.gethostname().split(".")[0]
+  host = _results.host(short=True)
   out = {"benchmark": "sweep", "grid": {k: v for k, v in vars(args).items() if k != "out"},
          "runs": len(args.lrs) * len(args.alphas) * args.seeds,
          "machine": {"host": host, "backend": backend, "device": device,
@@ -161,10 +161,8 @@ def main() -> None:
          "repeats": {m: [{k: v for k, v in r.items() if k != "accuracy"} for r in rs]
                      for m, rs in results.items()},
          "command": " ".join(["python", "benchmarks/sweep.py", *sys.argv[1:]])}
-  os.makedirs(args.out, exist_ok=True)
-  base = os.path.join(args.out, f"sweep-{backend}-{host}-{stamp}")
-  with open(base + ".json", "w") as f:
-    json.dump(out, f, indent=1)
+  base = _results.path(args.out, "sweep", backend, host, ext="")
+  _results.write_json(base + ".json", out)
   try:
     import matplotlib
     matplotlib.use("Agg")

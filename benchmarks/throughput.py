@@ -26,13 +26,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import socket
 import statistics
 import time
 
+import _results  # benchmarks/ is not a package: a sibling module (script dir on sys.path)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -204,7 +203,7 @@ def bench_central(args, clients):
 
 def machine():
   d = jax.devices()[0]
-  return {"host": socket.gethostname(), "platform": platform.platform(),
+  return {"host": _results.host(), "platform": platform.platform(),
           "processor": platform.machine(), "cpus": os.cpu_count(),
           "backend": jax.default_backend(), "device": getattr(d, "device_kind", str(d)),
           "devices": jax.device_count(), "jax": jax.__version__}
@@ -235,15 +234,14 @@ def main(argv=None):
                   help="skip grid cells with more samples per round (CPU budgets)")
   ap.add_argument("--central-max-batch", type=int, default=2048)
   ap.add_argument("--skip-central", action="store_true")
-  ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args(argv)
   res = {"machine": machine(), "args": vars(args),
          "defaults": {"conv_impl": layers.default_conv_impl(),
                       "depthwise_impl": layers.default_depthwise_impl(),
                       "client_exec": "vmap", "seed_exec": "vmap"},
          "rows": []}
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  path = os.path.join(args.out, f"throughput-{jax.default_backend()}-{args.model}-{stamp}.json")
+  path = _results.path(args.out, "throughput", jax.default_backend(), args.model)
   print(f"# {res['machine']}")
   print("| clients | seeds | jsfl samples/s | loop samples/s | central samples/s | "
         "jsfl/loop | jsfl/central | jsfl compile+first (s) |")
@@ -309,10 +307,7 @@ def main(argv=None):
 
 def write(res, path):
   """The results so far, so a part stopped at its time limit still leaves its rows."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(res, f, indent=1)
-  os.replace(path + ".tmp", path)
+  _results.write_json(path, res)
 
 
 if __name__ == "__main__":

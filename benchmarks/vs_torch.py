@@ -52,11 +52,11 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import argparse
 import json
 import platform
-import socket
 import sys
 import tempfile
 import time
 
+import _results  # a sibling module, as interleave below
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -238,7 +238,7 @@ def _row(base_row: dict, sides: dict) -> dict:
 def machine(torch_device: str) -> dict:
   import torch
   d = jax.devices()[0]
-  return {"host": socket.gethostname(), "platform": platform.platform(),
+  return {"host": _results.host(), "platform": platform.platform(),
           "processor": platform.machine(), "cpus": os.cpu_count(),
           "backend": jax.default_backend(), "device": getattr(d, "device_kind", str(d)),
           "devices": jax.device_count(), "jax": jax.__version__,
@@ -331,7 +331,7 @@ def main(argv=None):
   ap.add_argument("--torch-threads", type=int, default=os.cpu_count(),
                   help="torch.set_num_threads (on a loaded CPU 1 can be much faster: "
                   "see benchmarks/README.md)")
-  interleave.add_run_args(ap, os.path.join(HERE, "results"))
+  interleave.add_run_args(ap, _results.DIR)
   argv = sys.argv[1:] if argv is None else list(argv)
   args = ap.parse_args(argv)
   if args.worker:
