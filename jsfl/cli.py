@@ -409,7 +409,10 @@ def cmd_landscape(args) -> int:
   from jsfl.train import landscape
   opts = landscape.Options(seed=args.seed, grid=args.grid, span=args.span, data=args.data,
                            samples=args.samples)
-  path, _ = landscape.landscape(args.run_dir, opts)
+  path, result = landscape.landscape(args.run_dir, opts)
+  if result["round"] < result["rounds"]:
+    print(f"jsfl: warning: {args.run_dir} is not finished: the landscape is of its newest "
+          f"checkpoint, round {result['round']} of {result['rounds']}", file=sys.stderr)
   print(path)
   from jsfl import plots
   try:

@@ -7,7 +7,8 @@ model the run evaluates, :func:`final_model`), two random directions
 ``d1``, ``d2`` and the loss ``L(w + a d1 + b d2)`` on a grid of
 ``(a, b)`` in ``[-span, span]^2``.
 
-* **Directions**: Gaussian, drawn from ``fold_in(key(seed), DIRECTION_TAG)``
+* **Directions**: Gaussian, drawn from :func:`direction_key`,
+  ``fold_in(key(seed), DIRECTION_TAG)``
   (the same draw for every run of one architecture and seed, so the runs of
   a comparison are cut along the same random directions before
   normalisation), then filter-normalised (:func:`filter_normalize`): every
@@ -23,7 +24,8 @@ model the run evaluates, :func:`final_model`), two random directions
   whole grid is one jitted program: ``lax.map`` over the grid points,
   ``points_per_step`` of them vmapped at a time (:func:`grid_values`).  The
   trained model itself is evaluated in the same program (``center``), so it
-  is there even when the grid has no point at ``(0, 0)`` (an even size).
+  is there even when the grid has no point at ``(0, 0)`` (an even size);
+  the directions are drawn in it too.
 """
 
 from __future__ import annotations
@@ -166,16 +168,26 @@ def final_model(run_dir: str, cfg: dict, seed: int) -> Final:
   except config_lib.ConfigError as e:
     raise LandscapeError(f"{run_dir}/config.json: {e}") from None
   init = build_programs(exp)[0]
-  template = init(make_seed_keys(exp.seeds))
+  # The state's layout, traced but not compiled: what the restore fills.
+  template = jax.tree.map(_zeros, jax.eval_shape(init, make_seed_keys(exp.seeds)))
   got = checkpoint.restore_newest(os.path.join(run_dir, "checkpoints"), template, exp.seeds)
   if got is None:  # removed since check_run looked
     raise CheckpointError(f"{run_dir!r} has no checkpoint; allowed: a run directory "
                           "with checkpoints/")
   round_, state = got
   i = exp.seeds.index(seed)
-  one = jax.tree.map(lambda a: a[i], state)
-  params, stats = exp.method.output_model(exp.setup, one)
+  params, stats = jax.jit(lambda st: exp.method.output_model(
+      exp.setup, jax.tree.map(lambda a: a[i], st)))(state)
   return Final(exp, seed, round_, params, stats)
+
+
+def _zeros(leaf: jax.ShapeDtypeStruct) -> jax.Array:
+  """A placeholder array of ``leaf``'s shape and type on the default device
+  (a PRNG key leaf: keys of zero data)."""
+  if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    data = jax.eval_shape(jax.random.key_data, leaf)
+    return jax.random.wrap_key_data(jax.device_put(np.zeros(data.shape, data.dtype)))
+  return jax.device_put(np.zeros(leaf.shape, leaf.dtype))
 
 
 def filter_normalize(direction, weights):
@@ -198,17 +210,27 @@ def filter_normalize(direction, weights):
 
 
 def gaussian(key, like):
-  """A standard normal pytree shaped like ``like`` (one key per leaf, in
-  tree order)."""
+  """A standard normal pytree shaped like ``like``: one draw of every
+  element, in tree order, cut into the leaves (one random-bits call
+  compiles far faster than one per leaf)."""
   leaves, treedef = jax.tree.flatten(like)
-  keys = jax.random.split(key, len(leaves))
-  return jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape, x.dtype)
-                                      for k, x in zip(keys, leaves, strict=True)])
+  sizes = [int(np.prod(x.shape)) for x in leaves]
+  flat = jax.random.normal(key, (sum(sizes),), jnp.float32)
+  ends = np.cumsum(sizes)
+  return jax.tree.unflatten(treedef, [
+      flat[e - n:e].reshape(x.shape).astype(x.dtype)
+      for x, n, e in zip(leaves, sizes, ends, strict=True)])
 
 
-def directions(seed: int, params):
-  """The two filter-normalised directions of ``seed`` around ``params``."""
-  k1, k2 = jax.random.split(jax.random.fold_in(jax.random.key(seed), DIRECTION_TAG))
+def direction_key(seed: int) -> jax.Array:
+  """The key the directions of ``seed`` are drawn from, apart from every key
+  the run itself drew from ``key(seed)``."""
+  return jax.random.fold_in(jax.random.key(seed), DIRECTION_TAG)
+
+
+def directions(key: jax.Array, params):
+  """The two filter-normalised Gaussian directions around ``params`` (traceable)."""
+  k1, k2 = jax.random.split(key)
   return (filter_normalize(gaussian(k1, params), params),
           filter_normalize(gaussian(k2, params), params))
 
@@ -265,15 +287,17 @@ def compute(final: Final, opts: Options) -> dict:
   coords = axes(opts.grid, opts.span)
   b, a = np.meshgrid(coords, coords, indexing="ij")  # row i: y = coords[i]
   points = np.concatenate([np.stack([a.ravel(), b.ravel()], 1), [[0.0, 0.0]]])
-  d1, d2 = directions(final.seed, final.params)
   setup = exp.setup
   step = opts.points_per_step or default_points_per_step()
-  program = jax.jit(lambda p, s, u, v, pts, dat, mean, std: grid_values(
-      setup.model, p, s, u, v, pts, dat, mean, std, setup.num_classes, step))
+
+  def program(params, stats, key, pts, dat, mean, std):
+    d1, d2 = directions(key, params)
+    return grid_values(setup.model, params, stats, d1, d2, pts, dat, mean, std,
+                       setup.num_classes, step)
   t0 = time.perf_counter()
-  loss, acc = jax.device_get(program(final.params, final.stats, d1, d2,
-                                     jnp.asarray(points, jnp.float32), data,
-                                     exp.data.mean, exp.data.std))
+  loss, acc = jax.device_get(jax.jit(program)(
+      final.params, final.stats, direction_key(final.seed), jnp.asarray(points, jnp.float32),
+      data, exp.data.mean, exp.data.std))
   wall = time.perf_counter() - t0
   g = opts.grid
   c = conf
