@@ -160,7 +160,8 @@ def final_model(run_dir: str, cfg: dict, seed: int) -> Final:
   """The model the run evaluates after its newest checkpoint, for ``seed``:
   ``Method.output_model`` of that slot's state (split methods: the
   aggregated part-1 followed by the server's part-2; MultiSFL: the master
-  model, the branch mean of Eq. 6)."""
+  model of KoReA-SFL's Step 11, the branch mean,
+  docs/methods-multisfl.md#how-jsfl-runs-it)."""
   from jsfl.train.experiment import prepare
   from jsfl.train.programs import build_programs, make_seed_keys
   try:
