@@ -326,6 +326,70 @@ def read(directory: str, round_: int | None = None) -> tuple[dict, list[np.ndarr
   return got["host"], [np.asarray(got["state"][n]) for n in names]
 
 
+def restore_newest(directory: str, template, seeds):
+  """The newest checkpoint in ``directory`` laid out like ``template``, read
+  only: unlike :meth:`Checkpointer.restore` it creates, cleans and deletes
+  nothing, and never falls back to an older checkpoint (a tool asking for a
+  run's final model must not get another one silently).
+
+  Args:
+    directory: ``RUN_DIR/checkpoints``.
+    template: a state of the run's method and config (``init``'s output):
+      its tree structure, dtypes and shardings are restored into.
+    seeds: the run's seeds; they must be the checkpoint's.
+
+  Returns:
+    ``(round, state)``, or None without a checkpoint.
+
+  Raises:
+    CheckpointError: the newest checkpoint is of another structure or seeds
+      than the run's config builds, or does not restore.
+  """
+  if not os.path.isdir(directory):
+    return None
+  mngr = _manager(directory, create=False)
+  try:
+    step = mngr.latest_step()
+    if step is None:
+      return None
+    leaves, treedef = jax.tree.flatten(template)
+    abstract = dict(zip(_leaf_names(len(leaves)), map(_abstract, leaves), strict=True))
+    broken: list[tuple[int, str]] = []
+    with _quiet_restore(broken):
+      found = _restore_step(mngr, f"{directory}/{step}", step, template, seeds, abstract,
+                            len(leaves), broken)
+  finally:
+    mngr.close()
+  if found is None:
+    raise CheckpointError(f"checkpoint {directory}/{step} does not restore ({broken[0][1]}); "
+                          "allowed: a run directory with an intact newest checkpoint")
+  _, host, restored = found
+  restored = [jax.random.wrap_key_data(x, impl=jax.random.key_impl(t)) if _is_key(t)
+              else x for x, t in zip(restored, leaves, strict=True)]
+  return int(host["round"]), jax.tree.unflatten(treedef, restored)
+
+
+def _restore_step(mngr, where, step, template, seeds, abstract, n, broken):
+  """``(step, host record, leaves)`` of checkpoint ``step``, or None (and
+  the reason appended to ``broken``) if it does not restore."""
+  import orbax.checkpoint as ocp
+  try:
+    host = mngr.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))["host"]
+    if not isinstance(host, dict) or "paths" not in host:
+      raise ValueError("its host record is not a jsfl checkpoint record")
+  except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: the caller decides
+    broken.append((step, _reason(e)))
+    return None
+  check_matches(host, template, seeds, where)
+  try:
+    got = mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
+    return step, host, [got["state"][name] for name in _leaf_names(n)]
+  except Exception as e:  # noqa: BLE001 - as above
+    broken.append((step, _reason(e)))
+    return None
+
+
 class _OrbaxLogs(logging.Filter):
   """Drops orbax's absl log lines (ERROR included): orbax logs the problems
   it then raises or steps around (a metadata file it cannot read, a failed
@@ -467,25 +531,8 @@ class Checkpointer:
         "the run again from round 0")
 
   def _restore_step(self, step, template, seeds, abstract, n, broken):
-    """``(step, host record, leaves)`` of checkpoint ``step``, or None (and
-    the reason appended to ``broken``) if it does not restore."""
-    import orbax.checkpoint as ocp
-    try:
-      host = self._mngr.restore(step, args=ocp.args.Composite(
-          host=ocp.args.JsonRestore()))["host"]
-      if not isinstance(host, dict) or "paths" not in host:
-        raise ValueError("its host record is not a jsfl checkpoint record")
-    except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the one before
-      broken.append((step, _reason(e)))
-      return None
-    check_matches(host, template, seeds, f"{self.directory}/{step}")
-    try:
-      got = self._mngr.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
-      return step, host, [got["state"][name] for name in _leaf_names(n)]
-    except Exception as e:  # noqa: BLE001 - as above
-      broken.append((step, _reason(e)))
-      return None
+    return _restore_step(self._mngr, f"{self.directory}/{step}", step, template, seeds,
+                         abstract, n, broken)
 
   def close(self) -> None:
     self._mngr.close()

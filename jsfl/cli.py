@@ -1,4 +1,5 @@
-"""The ``jsfl`` command line: ``jsfl run``, ``sweep``, ``partition``, ``report``, ``plot``.
+"""The ``jsfl`` command line: ``jsfl run``, ``sweep``, ``partition``, ``report``, ``plot``,
+``landscape``.
 
 Exit codes: 0 success; 2 a bad config, argument, file or directory, a fault
 of the machine (disk full, no permission) or a diverged run: one line on
@@ -63,6 +64,24 @@ curves with a seed band, per-label accuracy over rounds, per-position accuracy
   jsfl plot runs/sweep --out figures
 
 Prints the path of every PNG written."""
+
+LANDSCAPE_HELP = """\
+The loss landscape of a finished run: the filter-normalised 2-D slice of Li
+et al. (NeurIPS 2018) that KoReA-SFL draws in its Fig. 4.  Restores the
+run's final model from its newest checkpoint (the model the run evaluates:
+part-1 and part-2 together; MultiSFL's master model), draws two Gaussian
+directions from the seed, scales every filter to its weights' filter norm
+(biases and BatchNorm held fixed) and evaluates loss and accuracy at
+w + a d1 + b d2 on a GRID x GRID grid over [-SPAN, SPAN]^2, on a fixed
+subset of SAMPLES samples of the training (or test) split.
+
+  jsfl landscape runs/multisfl/paper/cifar10/<cell>
+  jsfl landscape RUN_DIR --seed 3 --grid 31 --span 0.5 --data test --samples 0
+
+Writes RUN_DIR/landscape/landscape-seed<S>.json (grid axes, loss, accuracy,
+the centre, the options) and its contour plot landscape-seed<S>.png (with
+matplotlib); jsfl plot over several such runs draws their loss contours side
+by side (landscape.png).  See docs/analysis.md."""
 
 SWEEP_HELP = """\
 Run every cell of a sweep file: a base config, a [grid] of section.key =
@@ -151,6 +170,21 @@ def _parser() -> argparse.ArgumentParser:
       t.add_argument("--reference", default=None, metavar="CSV",
                      help="the paper's figures (config fields, then reference and "
                      "optionally reference_std; # lines name the source) beside jsfl's")
+  a = sub.add_parser("landscape", help="the loss landscape of a finished run (2-D slice)",
+                     description=LANDSCAPE_HELP,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  a.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints/")
+  a.add_argument("--seed", type=int, default=None,
+                 help="which of the run's seeds (default: its first); also draws the directions")
+  a.add_argument("--grid", type=int, default=21, metavar="N",
+                 help="points per axis, >= 3 (default 21; odd puts the model on the grid)")
+  a.add_argument("--span", type=float, default=1.0, metavar="A",
+                 help="the grid covers [-A, A] on either direction (default 1)")
+  a.add_argument("--data", default="train", metavar="SPLIT",
+                 help="train (default; the training loss, as Li et al.) or test")
+  a.add_argument("--samples", type=int, default=2000, metavar="M",
+                 help="a fixed subset of M samples drawn with the seed (default 2000; "
+                 "0 = the whole split)")
   w = sub.add_parser("sweep", help="run a grid of configs (cells), skipping finished ones",
                      description=SWEEP_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -371,6 +405,23 @@ def cmd_plot(args) -> int:
   return 0
 
 
+def cmd_landscape(args) -> int:
+  from jsfl.train import landscape
+  opts = landscape.Options(seed=args.seed, grid=args.grid, span=args.span, data=args.data,
+                           samples=args.samples)
+  path, result = landscape.landscape(args.run_dir, opts)
+  if result["round"] < result["rounds"]:
+    print(f"jsfl: warning: {args.run_dir} is not finished: the landscape is of its newest "
+          f"checkpoint, round {result['round']} of {result['rounds']}", file=sys.stderr)
+  print(path)
+  from jsfl import plots
+  try:
+    print(plots.landscape_contour(path, path.removesuffix(".json") + ".png"))
+  except plots.MissingDependency as e:  # the data is written; the picture is optional
+    print(f"jsfl: warning: no contour plot: {e}", file=sys.stderr)
+  return 0
+
+
 def cmd_info(args) -> int:
   from jsfl import config as config_lib
   if args.config and "=" in args.config and not os.path.exists(args.config):
@@ -454,6 +505,8 @@ def _dispatch(argv=None) -> int:
     return cmd_sweep(args)
   if args.command == "info":
     return cmd_info(args)
+  if args.command == "landscape":
+    return cmd_landscape(args)
   if args.command == "config-reference":
     from jsfl.config import markdown_reference
     print(markdown_reference())

@@ -12,7 +12,11 @@ runs that differ only in their seeds are pooled).  The plots:
 * ``partition_<group>.png``: the partition of the first seed, one stacked bar
   of label counts per client;
 * ``accuracy_vs_communication.png``: accuracy against cumulative bytes up +
-  down (median over seeds).
+  down (median over seeds);
+* ``landscape.png``: where runs hold ``jsfl landscape`` files
+  (``RUN_DIR/landscape/landscape-seed<S>.json``), the loss contours of each
+  group's first such file side by side on shared levels (KoReA-SFL Fig. 4);
+  :func:`landscape_contour` draws one file's loss and accuracy.
 
 Every figure has a fixed size (``SIZES`` at ``DPI``), so a plot's pixel size
 does not depend on the data.
@@ -20,7 +24,10 @@ does not depend on the data.
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import re
 import textwrap
 from collections.abc import Sequence
 
@@ -35,6 +42,8 @@ SIZES = {  # inches; pixels = inches * DPI
     "per_position": (8.0, 4.5),
     "partition": (9.0, 5.0),
     "communication": (8.0, 4.5),
+    "landscape": (11.0, 4.8),
+    "landscapes": (12.0, 4.8),
 }
 # Class names of datasets whose labels are not self-explanatory digits.
 LABEL_NAMES = {
@@ -334,6 +343,7 @@ def plot_groups(groups: Sequence[report.Group], out_dir: str, last: int = 5) -> 
       out.append(partition_bars(g, os.path.join(out_dir, f"partition_{g.slug}.png")))
   out.append(accuracy_vs_communication(
       groups, os.path.join(out_dir, "accuracy_vs_communication.png")))
+  out.append(landscapes(groups, os.path.join(out_dir, "landscape.png")))
   return [p for p in out if p]
 
 
@@ -346,3 +356,126 @@ def plot_runs(paths: Sequence[str], out_dir: str, by: Sequence[str] | None = Non
   """
   groups, problems = report.load_groups(paths, by)
   return plot_groups(groups, out_dir, last), problems
+
+
+def read_landscape(path: str) -> dict:
+  """A ``jsfl landscape`` file with ``loss`` and ``accuracy`` as float arrays
+  (``null``, a non-finite value, as NaN).
+
+  Raises:
+    ValueError: not such a file.
+  """
+  with open(path) as f:
+    obj = json.load(f)
+  try:
+    for k in ("x", "y", "loss", "accuracy"):
+      obj[k] = np.asarray([np.nan if v is None else v for v in obj[k]] if k in ("x", "y") else
+                          [[np.nan if v is None else v for v in row] for row in obj[k]], float)
+    ok = obj["loss"].shape == obj["accuracy"].shape == (len(obj["y"]), len(obj["x"]))
+  except (KeyError, TypeError, ValueError):
+    ok = False
+  if not ok:
+    raise ValueError(f"{path}: not a jsfl landscape file (x, y, loss, accuracy)")
+  return obj
+
+
+def landscape_files(run_dir: str) -> list[str]:
+  """``RUN_DIR/landscape/landscape-seed<S>.json``, by seed."""
+  found = glob.glob(os.path.join(glob.escape(run_dir), "landscape", "landscape-seed*.json"))
+  seed = lambda p: int(m.group(1)) if (m := re.search(r"seed(-?\d+)\.json$", p)) else 0
+  return sorted(found, key=seed)
+
+
+def _loss_levels(*losses: np.ndarray, n: int = 16) -> np.ndarray:
+  """Contour levels over every finite loss: log-spaced when they span more
+  than a decade (a landscape's walls rise fast away from its valley)."""
+  vals = np.concatenate([v[np.isfinite(v)].ravel() for v in losses])
+  if not vals.size:  # every point non-finite: levels for an empty plot
+    return np.linspace(0.0, 1.0, n)
+  lo, hi = float(vals.min()), float(vals.max())
+  if hi <= lo:
+    hi = lo + 1e-6
+  if lo > 0 and hi / lo > 10:
+    return np.geomspace(lo, hi, n)
+  return np.linspace(lo, hi, n)
+
+
+def _contours(ax, obj: dict, key: str, levels, cmap: str):
+  """Filled contours of ``obj[key]`` over the grid, lines between them, the
+  trained model a star at the origin; log colours for loss levels that are."""
+  norm = None
+  if key == "loss" and levels[0] > 0 and levels[-1] / levels[0] > 10:
+    from matplotlib.colors import LogNorm
+    norm = LogNorm(levels[0], levels[-1])
+  z = np.ma.masked_invalid(obj[key])
+  cs = ax.contourf(obj["x"], obj["y"], z, levels=levels, cmap=cmap, norm=norm)
+  ax.contour(obj["x"], obj["y"], z, levels=levels, colors="k", linewidths=0.4, alpha=0.5)
+  ax.plot([0], [0], marker="*", color="white", markeredgecolor="black", ms=11)
+  ax.set_aspect("equal")
+  ax.set_xlabel("direction 1 (alpha)")
+  return cs
+
+
+def _centre(obj: dict, key: str, fmt: str) -> str:
+  v = (obj.get("center") or {}).get(key)
+  return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+
+def _landscape_what(obj: dict) -> str:
+  o = obj.get("options", {})
+  return (f"{o.get('data', '?')} loss, {o.get('samples', '?')} samples, "
+          f"round {obj.get('round', '?')}")
+
+
+def landscape_contour(path: str, out: str) -> str:
+  """One ``jsfl landscape`` file as two filled contour plots, the loss (log
+  levels when it spans more than a decade) and the accuracy, the trained
+  model a star at the centre."""
+  obj = read_landscape(path)
+  fig = _figure("landscape")
+  ax_loss, ax_acc = fig.subplots(1, 2)
+  cs = _contours(ax_loss, obj, "loss", _loss_levels(obj["loss"]), "viridis")
+  fig.colorbar(cs, ax=ax_loss, label="cross-entropy", shrink=0.9)
+  acc = obj["accuracy"][np.isfinite(obj["accuracy"])]
+  lo, hi = (float(acc.min()), float(acc.max())) if acc.size else (0.0, 100.0)
+  cs = _contours(ax_acc, obj, "accuracy", np.linspace(lo, max(hi, lo + 1e-6), 16), "magma")
+  fig.colorbar(cs, ax=ax_acc, label="accuracy (%)", shrink=0.9)
+  for ax in (ax_loss, ax_acc):
+    ax.set_ylabel("direction 2 (beta)")
+  ax_loss.set_title(f"loss (centre {_centre(obj, 'loss', '.4g')})", fontsize=10)
+  ax_acc.set_title(f"accuracy (centre {_centre(obj, 'accuracy', '.2f')}%)", fontsize=10)
+  fig.suptitle(f"loss landscape: {obj.get('method', '?')}, {obj.get('model', '?')}, "
+               f"{obj.get('dataset', '?')}, seed {obj.get('seed', '?')} "
+               f"({_landscape_what(obj)}; filter-normalised directions)")
+  return _save(fig, out)
+
+
+def landscapes(groups: Sequence[report.Group], path: str) -> str | None:
+  """The loss contours of every group with a ``jsfl landscape`` file (its
+  first run's lowest seed), side by side on shared levels; None without
+  any."""
+  found = []
+  for g in groups:
+    for run in g.runs:
+      files = landscape_files(run.path)
+      if files:
+        try:
+          found.append((g, read_landscape(files[0])))
+        except (OSError, ValueError):
+          continue
+        break
+  if not found:
+    return None
+  fig = _figure("landscapes")
+  axs = np.atleast_1d(fig.subplots(1, len(found)))
+  levels = _loss_levels(*(obj["loss"] for _, obj in found))
+  for ax, (g, obj) in zip(axs, found, strict=True):
+    cs = _contours(ax, obj, "loss", levels, "viridis")
+    ax.set_title(textwrap.fill(_legend_label(g, groups), 40)
+                 + f"\ncentre loss {_centre(obj, 'loss', '.4g')}", fontsize=9)
+  axs[0].set_ylabel("direction 2 (beta)")
+  fig.colorbar(cs, ax=list(axs), label="cross-entropy", shrink=0.9)
+  fig.suptitle(f"loss landscapes ({_landscape_what(found[0][1])}; seed "
+               f"{found[0][1].get('seed', '?')}; filter-normalised directions)"
+               f"{_title_suffix(groups)}")
+  return _save(fig, path)

@@ -10,6 +10,8 @@
 * :mod:`~jsfl.train.lifecycle`: run files, signals, divergence, resume;
 * :mod:`~jsfl.train.memory`: how many slots fit on a device;
 * :mod:`~jsfl.train.evaluate`: whole-test-set evaluation;
+* :mod:`~jsfl.train.landscape`: the loss landscape of a finished run
+  (``jsfl landscape``);
 * :mod:`~jsfl.train.observe`: experiment trackers and the profiler;
 * :mod:`~jsfl.train.compile_cache`: the persistent XLA compilation cache;
 * :mod:`~jsfl.train.info`: what ``jsfl info`` prints.
