@@ -3,6 +3,7 @@
 
 Usage: python3 parse.py LOG_DIR [--model small_cnn] [--rounds N] [--out FILE]
                        [--csv FILE] [--seeds 0-4] [--cells CELL ...]
+       python3 parse.py --from-json A.json B.json ... [--csv FILE] [...]
 
 Reads ``LOG_DIR/<model>/<cell>_seed<S>.jsonl`` (``jsfl_glue.record``, one file
 per run, see ``run.sh``) and writes one JSON object (stdout or ``--out``):
@@ -26,6 +27,11 @@ per run, see ``run.sh``) and writes one JSON object (stdout or ``--out``):
   matching cell of ``../authors.toml``.
 * ``--csv``: the reference CSV ``jsfl report --reference`` reads: those
   fields, ``reference`` (median accuracy) and ``reference_std``.
+
+``--from-json``: instead of LOG_DIR, the runs of earlier outputs of this
+script (draws of other seeds, say) pooled, a later file's (cell, seed)
+winning: the cells then hold every seed of every file, as one parse of all
+their logs would.
 
 Runs with fewer than ``--rounds`` rounds (default: the longest run's) are
 left out, as are seeds outside ``--seeds`` (a range ``A-B`` or a list
@@ -130,6 +136,18 @@ def seed_set(text):
   raise ValueError(f"--seeds {text!r}; allowed: a range A-B or a list 0,3,5")
 
 
+def seed_text(seeds):
+  """``[0, 1, 2, 5]`` -> ``0-2, 5``."""
+  out, start = [], None
+  for i, s in enumerate(seeds):
+    if start is None:
+      start = s
+    if i + 1 == len(seeds) or seeds[i + 1] != s + 1:
+      out.append(str(start) if start == s else f"{start}-{s}")
+      start = None
+  return ", ".join(out)
+
+
 def parse(log_dir, model, rounds=None, seeds=None, cells=None):
   runs = []
   for path in sorted(glob.glob(os.path.join(log_dir, model, "*_seed*.jsonl"))):
@@ -140,6 +158,28 @@ def parse(log_dir, model, rounds=None, seeds=None, cells=None):
     rs = read_run(path)
     if rs:
       runs.append({"cell": m.group(1), "seed": int(m.group(2)), "rounds": rs})
+  return summarize(runs, model, rounds)
+
+
+def pool(paths, rounds=None, seeds=None, cells=None):
+  """:func:`parse`'s result over the runs of earlier results (JSON files)."""
+  runs, model = {}, None
+  for p in paths:
+    with open(p) as f:
+      d = json.load(f)
+    if model not in (None, d["model"]):
+      raise ValueError(f"--from-json {p}: model {d['model']!r}, the others' {model!r}")
+    model = d["model"]
+    for r in d["runs"]:
+      if (seeds is None or r["seed"] in seeds) and (not cells or r["cell"] in cells):
+        runs[(r["cell"], r["seed"])] = {k: r[k] for k in ("cell", "seed", "rounds")}
+  return summarize(sorted(runs.values(), key=lambda r: (r["cell"], r["seed"])), model,
+                   rounds)
+
+
+def summarize(runs, model, rounds=None):
+  """The runs cut to ``rounds`` (default: the longest's), each with its
+  ``final``, and every cell's figures over its seeds."""
   want = rounds or max((len(r["rounds"]) for r in runs), default=0)
   runs = [r for r in runs if len(r["rounds"]) >= want]
   for r in runs:
@@ -174,7 +214,9 @@ def reference_csv(res, notes):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("log_dir")
+  ap.add_argument("log_dir", nargs="?")
+  ap.add_argument("--from-json", nargs="+", default=None, metavar="JSON",
+                  help="pool the runs of these earlier outputs instead of reading LOG_DIR")
   ap.add_argument("--model", default="small_cnn", choices=("small_cnn", "mobilenet"))
   ap.add_argument("--rounds", type=int, default=None)
   ap.add_argument("--out", default=None)
@@ -187,9 +229,21 @@ def main(argv=None):
   except ValueError as e:
     print(f"parse.py: {e}", file=sys.stderr)
     return 2
-  res = parse(args.log_dir, args.model, args.rounds, seeds, args.cells)
+  if (args.log_dir is None) == (args.from_json is None):
+    print("parse.py: give LOG_DIR or --from-json, not both", file=sys.stderr)
+    return 2
+  if args.from_json:
+    try:
+      res = pool(args.from_json, args.rounds, seeds, args.cells)
+    except (OSError, ValueError, KeyError) as e:
+      print(f"parse.py: {e}", file=sys.stderr)
+      return 2
+    args.model = res["model"]
+  else:
+    res = parse(args.log_dir, args.model, args.rounds, seeds, args.cells)
   if not res["cells"]:
-    print(f"parse.py: no finished run under {args.log_dir}/{args.model}", file=sys.stderr)
+    print(f"parse.py: no finished run under {args.log_dir or args.from_json}/{args.model}",
+          file=sys.stderr)
     return 2
   text = json.dumps(res, indent=1)
   if args.out:
@@ -199,10 +253,13 @@ def main(argv=None):
     print(text)
   if args.csv:
     seeds = sorted({s for c in res["cells"].values() for s in c["seeds"]})
+    over = f"seeds {', '.join(map(str, seeds))}."
+    if any(c["seeds"] != seeds for c in res["cells"].values()):  # pooled draws
+      over = "each cell's seeds: " + "; ".join(
+        f"{cell} {seed_text(c['seeds'])}" for cell, c in res["cells"].items()) + "."
     notes = [f"The Hydra authors' code (authors_code/, {args.model}) on the same setting: per "
              f"seed the median accuracy of the last {LAST} of {next(iter(res['cells'].values()))['rounds']} "
-             "rounds, then the median (and population std) over seeds "
-             f"{', '.join(map(str, seeds))}."]
+             f"rounds, then the median (and population std) over {over}"]
     with open(args.csv, "w") as f:
       f.write(reference_csv(res, notes))
   for cell, c in res["cells"].items():

@@ -11,9 +11,7 @@ is what two draws of this many seeds give.
 
     python3 experiments/hydra/authors_code/seed_test.py \
         --jsfl experiments/hydra/results/authors_mobilenet/collected/report_seeds.csv \
-               experiments/hydra/results/authors_mobilenet_seeds5_9/collected/report_seeds.csv \
-        --authors experiments/hydra/authors_code/results/mobilenet.json \
-                  experiments/hydra/authors_code/results/mobilenet_seeds5_9.json \
+        --authors experiments/hydra/authors_code/results/mobilenet{,_seeds5_9,_phi10_seeds5_9,_sfl_seeds10_19,_sfl_random_seeds20_29,_sfl_random_seeds30_39}.json \
         --out experiments/hydra/authors_code/results/mobilenet_seed_test.json
 """
 
