@@ -24,16 +24,10 @@ EXPERIMENTS = os.path.join(ROOT, "experiments")
 CONTRACT = ("config.json", "partition.json", "metrics.jsonl", "summary.json")
 FOLDERS = sorted(d for d in os.listdir(EXPERIMENTS)
                  if os.path.isdir(os.path.join(EXPERIMENTS, d)) and not d.startswith("."))
-# experiments/hydra's over-long names are renamed on another branch; until it
-# lands its name case may fail (and passes once it has).
-LONG_NAMES_PENDING = {"hydra": "experiments/hydra's cells are renamed to <= 60 characters on "
-                    "another branch (issue 'One shape for every engine', item 5)"}
 
 
-def case(folder, pending=None):
-  marks = ([pytest.mark.xfail(strict=False, reason=pending[folder])]
-           if pending and folder in pending else [])
-  return pytest.param(folder, marks=marks, id=folder)
+def case(folder):
+  return pytest.param(folder, id=folder)
 
 
 def walk(folder):
@@ -67,7 +61,7 @@ def test_run_directories_keep_their_contract(folder):
   assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("folder", [case(f, LONG_NAMES_PENDING) for f in FOLDERS])
+@pytest.mark.parametrize("folder", [case(f) for f in FOLDERS])
 def test_no_name_over_the_limit(folder):
   long = []
   for d, dirs, files in walk(folder):

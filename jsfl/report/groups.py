@@ -103,7 +103,12 @@ class Group:
     return self.runs[0].config
 
 
-def _slug(text: str, limit: int = 60) -> str:
+# A plot file is <prefix>_NN_<slug>.png: "partition_" + "NN_" + 43 + ".png"
+# keeps every name within a sweep cell's 60 characters.
+SLUG_LIMIT = 43
+
+
+def _slug(text: str, limit: int = SLUG_LIMIT) -> str:
   out = "".join(c if c.isalnum() or c in "-." else "-" for c in text)
   while "--" in out:
     out = out.replace("--", "-")
