@@ -169,6 +169,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "momentum": _f(float, 0.0, "SGD momentum", range="[0, 1)"),
         "weight_decay": _f(float, 0.0, "SGD weight decay (PyTorch semantics)",
                            range="[0, inf)"),
+        "weight_decay_scope": _f(str, "all", "which parameters weight_decay moves: all = "
+                                 "every portion; part2 = only the server's part-2 (Hydra: "
+                                 "part-2a and the heads), the clients' part-1 undecayed "
+                                 "(split methods; Hydra App. H.5, Fig. 19)",
+                                 ("all", "part2")),
     },
     "exec": {
         "client_exec": _f(str, "auto", "how the clients' portions run in one program; auto "

@@ -92,6 +92,7 @@ class OptimSection:
   lr_decay_start: int
   momentum: float
   weight_decay: float
+  weight_decay_scope: str
 
 
 @dataclasses.dataclass(frozen=True)

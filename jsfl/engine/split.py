@@ -39,10 +39,14 @@ over the run's setup, never over a state) and :class:`SplitRounds` runs it:
 ``init(key)``, ``round(state, data, key)``.
 
 The server loss is the :func:`server_update` argument of a rule
-(cross-entropy by default).  Every optimiser step is gated on the batch mask
-through :class:`~jsfl.core.portion.Portion`, so a participant without data at
-a step (or a server serving an empty batch) leaves parameters, BatchNorm
-statistics and optimiser state untouched.
+(cross-entropy by default).  The participants' part-1 steps with
+``setup.client_tx`` and the server's portions with the plan's ``tx``: the
+same optimiser except under ``optim.weight_decay_scope = "part2"``, where
+only the server's part-2 is weight-decayed (Hydra App. H.5).  Every
+optimiser step is gated on the batch mask through
+:class:`~jsfl.core.portion.Portion`, so a participant without data at a step
+(or a server serving an empty batch) leaves parameters, BatchNorm statistics
+and optimiser state untouched.
 """
 
 from __future__ import annotations
@@ -331,7 +335,7 @@ def run_round(alg: SplitAlgorithm, setup, state, data, key) -> SplitRound:
     stack, srv = carry
     step = Step(x, y, idx, mask, position)
     current = stack if alg.client_select is None else alg.client_select(stack, plan, step)
-    current, srv, lsum = segment_step(setup, plan.tx, current, srv, step, order,
+    current, srv, lsum = segment_step(setup, setup.client_tx, current, srv, step, order,
                                       alg.server_rule(state, plan, step))
     if alg.client_place is not None:
       current = alg.client_place(stack, current, plan, step)
