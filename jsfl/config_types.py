@@ -29,6 +29,9 @@ class RunSection:
   divergence_loss: float
   trackers: list[str]
   profile: list[int]
+  step_confusion: bool
+  step_confusion_rounds: list[int]
+  step_confusion_steps: int
 
 
 @dataclasses.dataclass(frozen=True)
