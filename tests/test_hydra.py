@@ -498,7 +498,7 @@ def test_step_confusion_equals_loop(method):
   models.append(model_of(p1, s1, server))  # the last step ends with the round
   labels.append(prev[0])
 
-  count = int(sm.count)
+  count = int(sm.num_steps)
   assert count == len(models) >= 4  # several steps (6 clients, 4 labels)
   np.testing.assert_array_equal(np.asarray(sm.labels[:count]), labels)
   assert np.all(np.asarray(sm.labels[count:]) == -1)

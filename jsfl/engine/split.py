@@ -315,9 +315,9 @@ class StepModels(NamedTuple):
   ``batches_per_turn`` batches; under the paper's phi, the phi clients of a
   label), the last one ending with the round."""
 
-  models: Any           # (S, ...) the model after step s (zeros past ``count``)
-  labels: jax.Array     # (S,) the dominant label step s served (-1 past ``count``)
-  count: jax.Array      # steps recorded, at most S
+  models: Any           # (S, ...) the model after step s (zeros past ``num_steps``)
+  labels: jax.Array     # (S,) the dominant label step s served (-1 past ``num_steps``)
+  num_steps: jax.Array  # steps recorded, at most S
 
 
 class Watch(NamedTuple):

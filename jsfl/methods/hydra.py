@@ -51,7 +51,7 @@ from jsfl.options import option, option_set
 
 # Superclass tables: label -> group.  CIFAR-10 labels are airplane,
 # automobile, bird, cat, deer, dog, frog, horse, ship, truck (Hydra App. H).
-SUPERCLASSES = {
+SUPERCLASSES: dict[tuple[str, int], tuple[int, ...]] = {
     # The authors' code (test_hydra_heads.py, ``teams_5`` / ``teams_2``), keyed
     # there by client id = dominant label: {airplane, bird}, {automobile,
     # truck}, {ship}, {cat, dog, horse}, {deer, frog}; animals / the rest.

@@ -172,7 +172,7 @@ def build_step_program(exp):
     conf = lax.map(lambda ps: confusion(setup.model, ps[0], ps[1], test, mean, std,
                                         setup.num_classes), sm.models)
     return (state, {**m, "finite": all_finite(state, m["loss"])},
-            {"confusion": conf, "labels": sm.labels, "count": sm.count})
+            {"confusion": conf, "labels": sm.labels, "count": sm.num_steps})
 
   return jax.jit(seed_program(one, exp.seed_exec, 3), donate_argnums=(0,))
 
