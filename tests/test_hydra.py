@@ -540,8 +540,17 @@ def test_step_confusion_run_directory_and_plot(tmp_path):
   assert str(tmp_path / "plots" / "confusion_steps_hydra.png") in pngs
 
 
-def test_step_confusion_needs_a_cyclic_order(tmp_path, capsys):
-  code = cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}", "method.name=sfl",
-                   "method.order=random", "run.step_confusion=true"])
+@pytest.mark.parametrize("method,order,why", [
+    ("sfl", "random", "run.step_confusion=true with method.order='random'"),
+    ("sfl_fedexp", "cyclic", "run.step_confusion=true with method.name='sfl_fedexp'"),
+    ("splitfedv1", "cyclic", "run.step_confusion=true with method.name='splitfedv1'"),
+    ("fedseq", "cyclic", "run.step_confusion=true with method.name='fedseq'")])
+def test_step_confusion_needs_a_watchable_round(tmp_path, capsys, method, order, why):
+  """A cyclic order on a method whose sequential server serves the label
+  cycle and whose participants' part-1 copies are aggregated; refused before
+  anything is written otherwise."""
+  code = cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}", f"method.name={method}",
+                   f"method.order={order}", "run.step_confusion=true"])
   assert code == 2
-  assert "run.step_confusion=true with method.order='random'" in capsys.readouterr().err
+  assert why in capsys.readouterr().err
+  assert not (tmp_path / "r").exists()

@@ -381,6 +381,15 @@ def run_round(alg: SplitAlgorithm, setup, state, data, key,
   return SplitRound(plan, sched.order, clients, part1, stats1, srv, lsums)
 
 
+def watchable(alg: SplitAlgorithm) -> bool:
+  """Whether :func:`run_round` can watch ``alg``'s steps: a sequential
+  server's label-cycle schedule (:func:`label_cycle`) and participants that
+  train the global part-1 in place and are aggregated (SFL, its variants
+  but FedExp, Hydra)."""
+  return (alg.schedule is label_cycle and alg.client_final is not None
+          and alg.client_select is None and alg.client_place is None)
+
+
 def watched_round(alg: SplitAlgorithm, setup, state, data, key, watch: Watch) -> SplitRound:
   """:func:`run_round` with ``watch``: the same segments, each visited
   participant after participant (:func:`visit_segment`), and before each
@@ -388,9 +397,11 @@ def watched_round(alg: SplitAlgorithm, setup, state, data, key, watch: Watch) ->
   the previous visit's) the model as it stands is written into a buffer of
   ``watch.steps`` models; after the last segment, the round's end model
   closes the last step.  Inside one program: no Python loop over visits."""
-  if alg.client_select is not None or alg.client_place is not None or not alg.client_final:
-    raise ValueError("run.step_confusion: a split method whose participants train the "
-                     "global part-1 in place; allowed: sfl and its variants, hydra")
+  if not watchable(alg) or alg.client_final is None:
+    raise ValueError("run.step_confusion: a split method whose sequential server "
+                     "serves the label cycle and whose participants train the global "
+                     "part-1 in place; allowed: sfl and its variants but sfl_fedexp, "
+                     "hydra")
   plan = alg.plan(setup, state, data, key)
   n = setup.clients_per_round
   sched = alg.schedule(setup, state, plan, data)

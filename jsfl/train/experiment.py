@@ -176,7 +176,8 @@ def check_split_options(conf: config_types.Config, setup: Setup, method, mesh) -
   Raises:
     ConfigError: naming the option and what allows it.
   """
-  on_split = isinstance(method.build(setup), split.SplitRounds)
+  rounds = method.build(setup)
+  on_split = isinstance(rounds, split.SplitRounds)
   name = conf.method.name
   if conf.optim.weight_decay_scope != "all" and not on_split:
     raise config_lib.ConfigError(
@@ -184,10 +185,11 @@ def check_split_options(conf: config_types.Config, setup: Setup, method, mesh) -
         f"method.name={name!r}; allowed: 'all', or a split method with a server-side "
         "part-2 (sfl and its variants, hydra, mergesfl, splitfedv1/v3, multisfl)")
   if conf.run.step_confusion:
-    if not on_split:
+    if not (isinstance(rounds, split.SplitRounds) and split.watchable(rounds.algorithm)):
       raise config_lib.ConfigError(
           f"run.step_confusion=true with method.name={name!r}; allowed: a split "
-          "method with a sequential server (sfl and its variants, hydra)")
+          "method whose sequential server serves the label cycle (sfl and its "
+          "variants but sfl_fedexp, hydra)")
     if mesh != (1, 1):
       raise config_lib.ConfigError(
           f"run.step_confusion=true on a mesh of {mesh[0]} x {mesh[1]} devices; "
