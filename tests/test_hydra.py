@@ -359,7 +359,8 @@ def test_part2_scope_decays_the_server_and_not_the_clients():
   chex.assert_trees_all_close(steps(setup.client_tx, setup.tx), steps(plain, plain), **TOL)
   chex.assert_trees_all_close(steps(setup.tx, setup.tx), steps(decayed, decayed), **TOL)
   diff = max(float(jnp.abs(a - b).max()) for a, b in
-             zip(jax.tree.leaves(steps(plain, plain)), jax.tree.leaves(steps(decayed, decayed))))
+             zip(jax.tree.leaves(steps(plain, plain)), jax.tree.leaves(steps(decayed, decayed)),
+                 strict=True))
   assert diff > 1e-4  # the decay shows
   all_ = make_setup(tiny_model(), data_)  # "all": the clients step with tx itself
   assert all_.client_tx is all_.tx
@@ -383,7 +384,7 @@ def test_sfl_part2_decay_equals_loop(order):
   np.testing.assert_allclose(losses, ref_losses, **TOL)
   both, _ = run_rounds(sfl, setup.replace(weight_decay_scope="all"), data_, key, 2)
   diff = max(float(jnp.abs(a - b).max()) for a, b in
-             zip(jax.tree.leaves(state.part1), jax.tree.leaves(both.part1)))
+             zip(jax.tree.leaves(state.part1), jax.tree.leaves(both.part1), strict=True))
   assert diff > 1e-6
 
 
