@@ -93,6 +93,19 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "profile": _f(list, [], "[first, last]: trace rounds first..last (1-based) with "
                       "the JAX profiler into RUN_DIR/profile (XProf, TensorBoard, "
                       "Perfetto); [] = off", range="[1, inf)", item=int),
+        "step_confusion": _f(bool, False, "record the test-set confusion matrix of the "
+                             "model after every step of a cyclic round (a step: the "
+                             "server's consecutive visits of clients of one dominant "
+                             "label) into RUN_DIR/confusion_steps.npz, in "
+                             "step_confusion_rounds; split methods with a sequential "
+                             "server (SFL, Hydra) and a cyclic order (Hydra Fig. 11)"),
+        "step_confusion_rounds": _f(list, [], "rounds (1-based) whose steps "
+                                    "step_confusion records; [] = the last round",
+                                    range="[1, inf)", item=int),
+        "step_confusion_steps": _f(int, 0, "steps recorded per round, the round's first "
+                                   "ones (each holds a model copy per seed through the "
+                                   "round); 0 = the number of labels L, one label cycle",
+                                   range="[0, 100000]"),
     },
     "dataset": {
         "name": _f(str, "fashion_mnist", "dataset; the files each reads, and the option "
@@ -169,6 +182,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "momentum": _f(float, 0.0, "SGD momentum", range="[0, 1)"),
         "weight_decay": _f(float, 0.0, "SGD weight decay (PyTorch semantics)",
                            range="[0, inf)"),
+        "weight_decay_scope": _f(str, "all", "which parameters weight_decay moves: all = "
+                                 "every portion; part2 = only the server's part-2 (Hydra: "
+                                 "part-2a and the heads), the clients' part-1 undecayed "
+                                 "(split methods; Hydra App. H.5, Fig. 19)",
+                                 ("all", "part2")),
     },
     "exec": {
         "client_exec": _f(str, "auto", "how the clients' portions run in one program; auto "
@@ -405,6 +423,14 @@ def _check_ranges(cfg):
   if prof and not (len(prof) == 2 and prof[0] <= prof[1] <= R):
     raise ConfigError(f"run.profile={prof!r}; allowed: [] or [first, last] with "
                       f"1 <= first <= last <= run.rounds={R}")
+  rec = cfg["run"]["step_confusion_rounds"]
+  if any(r > R for r in rec) or len(set(rec)) != len(rec):
+    raise ConfigError(f"run.step_confusion_rounds={rec!r}; allowed: distinct rounds in "
+                      f"[1, run.rounds={R}] ([] = the last round)")
+  if cfg["run"]["step_confusion"] and me["order"] not in ("cyclic", "cyclic_reverse"):
+    raise ConfigError(f"run.step_confusion=true with method.order={me['order']!r}; "
+                      "allowed: a cyclic order (cyclic, cyclic_reverse), whose steps "
+                      "serve one dominant label each")
   if len(set(cfg["run"]["trackers"])) != len(cfg["run"]["trackers"]):
     raise ConfigError(f"run.trackers={cfg['run']['trackers']!r}; allowed: each tracker once")
   seed, seeds = cfg["run"]["seed"], cfg["run"]["seeds"]

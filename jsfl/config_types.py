@@ -29,6 +29,9 @@ class RunSection:
   divergence_loss: float
   trackers: list[str]
   profile: list[int]
+  step_confusion: bool
+  step_confusion_rounds: list[int]
+  step_confusion_steps: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +95,7 @@ class OptimSection:
   lr_decay_start: int
   momentum: float
   weight_decay: float
+  weight_decay_scope: str
 
 
 @dataclasses.dataclass(frozen=True)

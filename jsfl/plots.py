@@ -17,6 +17,9 @@ runs that differ only in their seeds are pooled).  The plots:
   (``RUN_DIR/landscape/landscape-seed<S>.json``), the loss contours of each
   group's first such file side by side on shared levels (KoReA-SFL Fig. 4);
   :func:`landscape_contour` draws one file's loss and accuracy.
+* ``confusion_steps_<group>.png``: runs with ``run.step_confusion``: the
+  test-set confusion matrix after each step of the last recorded round, a row
+  of heatmaps (the group's first run and seed; Hydra Fig. 11).
 
 Every figure has a fixed size (``SIZES`` at ``DPI``), so a plot's pixel size
 does not depend on the data.
@@ -44,7 +47,10 @@ SIZES = {  # inches; pixels = inches * DPI
     "communication": (8.0, 4.5),
     "landscape": (11.0, 4.8),
     "landscapes": (12.0, 4.8),
+    "step_confusion": (16.0, 4.0),
 }
+STEP_CONFUSION = "confusion_steps.npz"  # jsfl.train.records.STEP_CONFUSION
+MAX_STEP_PANELS = 10  # heatmaps in the row: the round's first steps
 # Class names of datasets whose labels are not self-explanatory digits.
 LABEL_NAMES = {
     "fashion_mnist": ("T-shirt/top", "trouser", "pullover", "dress", "coat", "sandal",
@@ -320,6 +326,59 @@ def accuracy_vs_communication(groups: Sequence[report.Group], path: str) -> str 
   return _save(fig, path)
 
 
+def read_step_confusion(run_dir: str) -> dict | None:
+  """``confusion_steps.npz`` of a run directory as arrays; None when it is
+  missing or unreadable."""
+  path = os.path.join(run_dir, STEP_CONFUSION)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with np.load(path) as f:
+      out = {k: f[k] for k in ("round", "confusion", "labels", "steps", "seed")}
+  except (OSError, ValueError, KeyError):
+    return None
+  return out if out["confusion"].ndim == 5 and len(out["round"]) else None
+
+
+def step_confusion(group: report.Group, path: str) -> str | None:
+  """The confusion matrices after each step of a cyclic round (Hydra Fig.
+  11): the group's first run with ``confusion_steps.npz``, its last recorded
+  round and first seed; a row of heatmaps of the first
+  :data:`MAX_STEP_PANELS` steps, each row (true label) as percentages of its
+  test samples."""
+  found = next(((run, d) for run in group.runs
+                if (d := read_step_confusion(run.path)) is not None), None)
+  if found is None:
+    return None
+  run, d = found
+  count = int(d["steps"][-1, 0])
+  if count == 0:
+    return None
+  mats = d["confusion"][-1, 0, :min(count, MAX_STEP_PANELS)].astype(float)
+  labels = d["labels"][-1, 0]
+  L = mats.shape[-1]
+  names = _label_names(group, L)
+  share = 100.0 * mats / np.maximum(mats.sum(-1, keepdims=True), 1.0)
+  fig = _figure("step_confusion")
+  axes = np.atleast_1d(fig.subplots(1, len(share), sharey=True))
+  im = None
+  for s, (ax, m) in enumerate(zip(axes, share, strict=True)):
+    im = ax.imshow(m, cmap="viridis", vmin=0, vmax=100, interpolation="nearest")
+    ax.set_title(f"step {s + 1}: {names[int(labels[s])]}", fontsize=8)
+    ticks = _ticks(L, 10)
+    ax.set_xticks(ticks, [str(i) for i in ticks], fontsize=7)
+    ax.set_yticks(ticks, [str(i) for i in ticks], fontsize=7)
+    ax.set_xlabel("predicted", fontsize=8)
+  axes[0].set_ylabel("true label", fontsize=8)
+  fig.colorbar(im, ax=list(axes), label="% of the true label's test samples",
+               shrink=0.8)
+  more = f", first {len(share)} of {count}" if count > len(share) else ""
+  title = (f"confusion after each step of round {int(d['round'][-1])} "
+           f"(seed {int(d['seed'][0])}{more}): {group.label or run.name}")
+  fig.suptitle(textwrap.fill(title, 150), fontsize=10)
+  return _save(fig, path)
+
+
 def plot_groups(groups: Sequence[report.Group], out_dir: str, last: int = 5) -> list[str]:
   """Writes every plot that applies to ``groups`` into ``out_dir``.
 
@@ -344,6 +403,8 @@ def plot_groups(groups: Sequence[report.Group], out_dir: str, last: int = 5) -> 
   out.append(accuracy_vs_communication(
       groups, os.path.join(out_dir, "accuracy_vs_communication.png")))
   out.append(landscapes(groups, os.path.join(out_dir, "landscape.png")))
+  for g in groups:
+    out.append(step_confusion(g, os.path.join(out_dir, f"confusion_steps_{g.slug}.png")))
   return [p for p in out if p]
 
 

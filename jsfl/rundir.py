@@ -46,13 +46,13 @@ def _clean(obj):
   return obj
 
 
-def _replace_atomic(path: str, write) -> None:
+def _replace_atomic(path: str, write, mode: str = "w") -> None:
   """``write(f)`` into a temporary file beside ``path``, then rename it over
   ``path``; on any failure (a full disk) the temporary file is removed and
   ``path`` stays as it was."""
   tmp = f"{path}.tmp{os.getpid()}"
   try:
-    with open(tmp, "w") as f:
+    with open(tmp, mode) as f:
       write(f)
       f.flush()
       os.fsync(f.fileno())
@@ -67,6 +67,11 @@ def _replace_atomic(path: str, write) -> None:
 
 def write_json_atomic(path: str, obj) -> None:
   _replace_atomic(path, lambda f: json.dump(_clean(obj), f, indent=1))
+
+
+def write_npz_atomic(path: str, arrays: dict) -> None:
+  """``arrays`` as an uncompressed ``.npz`` at ``path``, replaced atomically."""
+  _replace_atomic(path, lambda f: np.savez(f, **arrays), "wb")
 
 
 def check_target(out_dir: str, name: str, exact: str = "") -> None:

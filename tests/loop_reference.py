@@ -61,6 +61,13 @@ def ref_sgd(p, g, buf, lr, setup):
   return _ref_sgd(p, g, buf, lr, setup.weight_decay, setup.momentum)
 
 
+def ref_client_sgd(p, g, buf, lr, setup):
+  """A client's part-1 step: without weight decay under
+  ``weight_decay_scope = "part2"`` (only the server's part-2 is decayed)."""
+  wd = 0.0 if setup.weight_decay_scope == "part2" else setup.weight_decay
+  return _ref_sgd(p, g, buf, lr, wd, setup.momentum)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 6))
 def ref_grad(model, p, s, x, y, m, start=0):
   """Loss, new BN stats, grads w.r.t. params and w.r.t. the input."""
@@ -239,10 +246,12 @@ def authors_sequence(setup, order_key, mask, clients, dominant, label_rank):
 
 
 def ref_split_events(setup, data, key, rounds, part1, stats1, server, label_rank,
-                     starts=None, aggregate=sample_weighted):
+                     starts=None, aggregate=sample_weighted, before_visit=None):
   """:func:`ref_split` under ``order_rule="authors"``: the server takes the
   client batches one at a time in the queue's order, each client runs
-  forward right before and backward right after its own server step."""
+  forward right before and backward right after its own server step.
+  ``before_visit(r, client id, p1, s1, sizes)`` (if given) sees the clients'
+  part-1 copies before each server step (the server object is the caller's)."""
   model = setup.model
   losses, orders_seen = [], []
   for r in range(rounds):
@@ -262,12 +271,14 @@ def ref_split_events(setup, data, key, rounds, part1, stats1, server, label_rank
     for c in seq:
       t = steps_of[c][served[c]]
       served[c] += 1
+      if before_visit is not None:
+        before_visit(r, int(clients[c]), p1, s1, sizes)
       x, y = gather(data, idx[t, c])
       act, new_s1 = ref_fwd(model, p1[c], s1[c], x, mask[t, c])
       l, g_act = server.serve(act, y, mask[t, c], lr, clients[c], x)
       lsum += float(l) * mask[t, c].sum()
       g1 = ref_bwd(model, p1[c], s1[c], x, mask[t, c], g_act)
-      p1[c], b1[c] = ref_sgd(p1[c], g1, b1[c], lr, setup)
+      p1[c], b1[c] = ref_client_sgd(p1[c], g1, b1[c], lr, setup)
       s1[c] = new_s1
     server.end_round()
     part1, stats1 = aggregate(part1, stats1, p1, s1, sizes)
@@ -316,7 +327,7 @@ def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank,
         if g_act[c] is None:
           continue
         g1 = ref_bwd(model, p1[c], s1[c], xs[c], mask[t, c], g_act[c])
-        p1[c], b1[c] = ref_sgd(p1[c], g1, b1[c], lr, setup)
+        p1[c], b1[c] = ref_client_sgd(p1[c], g1, b1[c], lr, setup)
         s1[c] = new_s1[c]
     server.end_round()
     part1, stats1 = aggregate(part1, stats1, p1, s1, sizes)

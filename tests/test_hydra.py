@@ -17,21 +17,25 @@ from loop_reference import (
   RefServer,
   make_setup,
   ref_avg,
+  ref_sfl,
   ref_sgd,
   ref_split,
+  ref_split_events,
   run_rounds,
   tiny_model,
   zeros_like,
 )
 
-from jsfl import cli
+from jsfl import cli, data, plots
 from jsfl.core.data import gather
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.optim import make_optimizer, with_lr
 from jsfl.core.portion import Portion
+from jsfl.data.tfds_source import CIFAR100_COARSE
 from jsfl.methods import hydra, sfl
 from jsfl.methods.hydra import HydraOptions
 from jsfl.rundir import read_metrics
+from jsfl.train.evaluate import chunk_test_set, confusion
 
 
 # ---------------------------------------------------------------- grouping
@@ -205,6 +209,12 @@ CASES = {
     "cyclic-authors-turns": {"sizes": [13, 7, 20, 5, 9, 11], "order": "cyclic", "n": 6,
                              "opts": {}, "setup": {"order_rule": "authors",
                                                    "batches_per_turn": 2}},
+    # L2 on part-2 only (Hydra App. H.5): part-2a and the heads decayed,
+    # the clients' part-1 not
+    "random-G2-decay-part2": {"sizes": [13, 7, 20, 5, 9, 11], "order": "random", "n": 4,
+                              "opts": {"groups": 2, "superclasses": "consecutive"},
+                              "setup": {"weight_decay": 0.05,
+                                        "weight_decay_scope": "part2"}},
 }
 
 
@@ -323,4 +333,225 @@ def test_bad_head_cut_is_a_config_error(tmp_path, capsys):
                    "method.head_cut=1"])
   assert code == 2
   assert "method.head_cut=1" in capsys.readouterr().err
+  assert not (tmp_path / "r").exists()
+
+
+# --------------------------------------------- L2 on part-2 only (Fig. 19)
+def test_part2_scope_decays_the_server_and_not_the_clients():
+  """``weight_decay_scope = "part2"``: a client step equals the undecayed
+  optimiser's step, a server step the decayed one's, momentum included."""
+  data_ = make_fed_data([13, 7])
+  setup = make_setup(tiny_model(), data_, momentum=0.9, weight_decay=0.1,
+                     weight_decay_scope="part2")
+  plain = make_optimizer(0.9, 0.0)
+  decayed = make_optimizer(0.9, 0.1)
+  assert setup.tx is not setup.client_tx
+  params, _ = setup.model.init(jax.random.key(0))
+  grads = [jax.tree.map(lambda a, i=i: jnp.sin(a * (i + 2.0)), params) for i in range(3)]
+
+  def steps(tx, init_tx):
+    p = Portion(params, None, with_lr(init_tx.init(params), 0.1))
+    for g in grads:
+      p = p.step(tx, g, None, jnp.bool_(True))
+    return p.params
+
+  # the client optimiser steps a state the decayed chain built (fresh_stack)
+  chex.assert_trees_all_close(steps(setup.client_tx, setup.tx), steps(plain, plain), **TOL)
+  chex.assert_trees_all_close(steps(setup.tx, setup.tx), steps(decayed, decayed), **TOL)
+  diff = max(float(jnp.abs(a - b).max()) for a, b in
+             zip(jax.tree.leaves(steps(plain, plain)), jax.tree.leaves(steps(decayed, decayed)),
+                 strict=True))
+  assert diff > 1e-4  # the decay shows
+  all_ = make_setup(tiny_model(), data_)  # "all": the clients step with tx itself
+  assert all_.client_tx is all_.tx
+
+
+@pytest.mark.parametrize("order", ["cyclic", "random"])
+def test_sfl_part2_decay_equals_loop(order):
+  """SFL with L2 on part-2 only, two rounds, against the loop whose clients
+  step undecayed and whose server steps decayed; and not the same as
+  decaying both (guard)."""
+  data_ = make_fed_data([13, 7, 20, 5], dominant=np.arange(4, dtype=np.int32))
+  key = jax.random.key(5)
+  setup = make_setup(tiny_model(), data_, order=order, clients_per_round=3,
+                     weight_decay=0.05, weight_decay_scope="part2")
+  state, losses = run_rounds(sfl, setup, data_, key, 2)
+  (p1, s1, p2, s2), ref_losses, _ = ref_sfl(setup, data_, key, 2)
+  chex.assert_trees_all_close(state.part1, p1, **TOL)
+  chex.assert_trees_all_close(state.part1_stats, s1, **TOL)
+  chex.assert_trees_all_close(state.part2, p2, **TOL)
+  chex.assert_trees_all_close(state.part2_stats, s2, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  both, _ = run_rounds(sfl, setup.replace(weight_decay_scope="all"), data_, key, 2)
+  diff = max(float(jnp.abs(a - b).max()) for a, b in
+             zip(jax.tree.leaves(state.part1), jax.tree.leaves(both.part1), strict=True))
+  assert diff > 1e-6
+
+
+def test_part2_scope_needs_a_split_method(tmp_path, capsys):
+  code = cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}", "method.name=fedavg",
+                   "optim.weight_decay=0.001", "optim.weight_decay_scope=part2"])
+  assert code == 2
+  assert "optim.weight_decay_scope='part2'" in capsys.readouterr().err
+  assert not (tmp_path / "r").exists()
+
+
+# ------------------------------------------ CIFAR-100 superclasses (Table 9)
+def test_cifar100_superclasses_are_the_release_coarse_labels(tmp_path, monkeypatch):
+  """``superclasses = "cifar100"``, G = 20: every fine label maps to the
+  coarse label the CIFAR-100 python release pairs it with (its
+  ``coarse_labels``, read by jsfl's reader from the test fixture that covers
+  all 100 fine labels); 5 fine labels per superclass."""
+  from test_dataset_files import write_cifar
+  monkeypatch.setenv("JSFL_DATA", str(tmp_path / "cache"))
+  monkeypatch.setenv("JSFL_SYSTEM_DATA", str(tmp_path / "system"))
+  write_cifar(tmp_path / "c100", "cifar100", n_train=20)
+  path = str(tmp_path / "c100" / "cifar-100-python.tar.gz")
+  fine = data.load_dataset("cifar100", path=path)
+  coarse = data.load_dataset("cifar100", path=path, label_mode="coarse")
+  y_fine = np.concatenate([fine.y_train, fine.y_test])
+  y_coarse = np.concatenate([coarse.y_train, coarse.y_test])
+  assert set(y_fine.tolist()) == set(range(100))
+  table = hydra.superclass_table("cifar100", 100, 20)
+  np.testing.assert_array_equal(table[y_fine], y_coarse)
+  np.testing.assert_array_equal(np.bincount(table, minlength=20), [5] * 20)
+  np.testing.assert_array_equal(table, CIFAR100_COARSE)  # the reader's own table
+  names = dict(zip(hydra.CIFAR100_FINE, table, strict=True))
+  sup = [n for n, _ in hydra.CIFAR100_SUPERCLASSES]
+  assert sup[names["apple"]] == "fruit_and_vegetables" and sup[names["whale"]] == \
+      "aquatic_mammals" and sup[names["tractor"]] == "vehicles_2"
+  with pytest.raises(ValueError, match="allowed: groups in \\[20\\] with L = 100"):
+    hydra.superclass_table("cifar100", 100, 5)
+  with pytest.raises(ValueError, match="L=10"):
+    hydra.superclass_table("cifar100", 10, 5)
+
+
+# ------------------------------- confusion after every step (Fig. 11)
+def ref_step_models(setup, data_, key, ref_server, model_of):
+  """A plain loop that replays one round's server visits (round 0, the
+  authors' queue) and, whenever the served dominant label changes, and at
+  the round's end, takes the model as it stands: the clients' part-1 copies
+  averaged sample-weighted, the server's part as ``model_of(server)``."""
+  state_models, labels, prev = [], [], [None]
+  dominant = np.asarray(data_.dominant)
+
+  def before(r, client, p1, s1, sizes):
+    lab = int(dominant[client])
+    if prev[0] is not None and lab != prev[0]:
+      part1, stats1 = ref_avg(p1, sizes), ref_avg(s1, sizes)
+      state_models.append(model_of(part1, stats1, ref_server))
+      labels.append(prev[0])
+    prev[0] = lab
+
+  return before, state_models, labels, prev
+
+
+def _watch_case(method):
+  """Six clients over four dominant labels (labels 0 and 1 held twice), the
+  authors' cyclic queue in turns of two batches: steps of one or two turns."""
+  data_ = make_fed_data([13, 7, 20, 5, 9, 11], dominant=np.arange(6, dtype=np.int32) % 4)
+  kw = {"options": HydraOptions(groups=2, superclasses="consecutive")} if method is hydra \
+      else {}
+  return data_, make_setup(tiny_model(), data_, order="cyclic", order_rule="authors",
+                           batches_per_turn=2, clients_per_round=6, **kw)
+
+
+@pytest.mark.parametrize("method", [sfl, hydra], ids=["sfl", "hydra"])
+def test_step_confusion_equals_loop(method):
+  """The per-step models and confusion matrices of a watched round equal a
+  loop that replays the round and evaluates after each step; the last step's
+  matrix is the end-of-round model's; the watched round leaves the state the
+  plain round leaves."""
+  data_, setup = _watch_case(method)
+  key = jax.random.key(3)
+  st = method.init(setup, key)
+  rounds = method.build(setup)
+  test = jax.tree.map(jnp.asarray, chunk_test_set(np.asarray(data_.x[:40]),
+                                                  np.asarray(data_.y[:40]), 16))
+
+  def conf(params, stats):
+    return confusion(setup.model, params, stats, test, data_.mean, data_.std, 4)
+
+  rkey = jax.random.fold_in(key, 0)
+  new, m, sm = jax.jit(lambda s, k: rounds.watched_round(
+      s, data_, k, method.output_model, 30))(st, rkey)
+  plain, pm = jax.jit(lambda s, k: rounds.round(s, data_, k))(st, rkey)
+  chex.assert_trees_all_close(new, plain, **TOL)
+  np.testing.assert_allclose(m["loss"], pm["loss"], **TOL)
+
+  if method is hydra:
+    G = hydra.num_groups(setup)
+    table = hydra.superclass_table("consecutive", 4, G)
+    server = HydraRefServer(setup, st, ref_table_grouping(np.asarray(data_.counts), table))
+
+    def model_of(part1, stats1, srv):
+      head = ref_avg(srv.heads, np.ones(G))
+      hstats = ref_avg(srv.hstats, np.ones(G))
+      return part1 + srv.p2a + head, stats1 + srv.s2a + hstats
+  else:
+    server = RefServer(setup, st.part2, st.part2_stats)
+
+    def model_of(part1, stats1, srv):
+      return part1 + srv.part2, stats1 + srv.stats2
+  before, models, labels, prev = ref_step_models(setup, data_, key, server, model_of)
+  (p1, s1), _, _ = ref_split_events(setup, data_, key, 1, st.part1, st.part1_stats, server,
+                                    st.label_rank, before_visit=before)
+  models.append(model_of(p1, s1, server))  # the last step ends with the round
+  labels.append(prev[0])
+
+  count = int(sm.num_steps)
+  assert count == len(models) >= 4  # several steps (6 clients, 4 labels)
+  np.testing.assert_array_equal(np.asarray(sm.labels[:count]), labels)
+  assert np.all(np.asarray(sm.labels[count:]) == -1)
+  for s_, (params, stats) in enumerate(models):
+    got = jax.tree.map(lambda a, s_=s_: a[s_], sm.models)
+    chex.assert_trees_all_close(got, (params, stats), **TOL)
+    np.testing.assert_array_equal(conf(*got), conf(params, stats))
+  # the last step's matrix is the end-of-round evaluation's
+  last = jax.tree.map(lambda a: a[count - 1], sm.models)
+  np.testing.assert_array_equal(conf(*last), conf(*method.output_model(setup, plain)))
+  # the evaluation's accuracy agrees with the matrix
+  from jsfl.train.evaluate import evaluate
+  params, stats = method.output_model(setup, plain)
+  e = evaluate(setup.model, params, stats, test, data_.mean, data_.std, 4)
+  cm = np.asarray(conf(params, stats))
+  np.testing.assert_allclose(float(e["accuracy"]), 100 * np.trace(cm) / cm.sum(), rtol=1e-6)
+
+
+def test_step_confusion_run_directory_and_plot(tmp_path):
+  out = tmp_path / "r"
+  code = cli.main(["run", *SYN, f"run.dir={out}", "run.rounds=2", "run.seeds=2",
+                   "partition.num_clients=4", "partition.name=dominant_label",
+                   "partition.p=0.8", "method.name=hydra", "method.order=cyclic",
+                   "method.batches_per_turn=2", "run.step_confusion=true",
+                   "run.step_confusion_rounds=[1, 2]"])
+  assert code == 0
+  with np.load(out / "confusion_steps.npz") as d:
+    assert d["round"].tolist() == [1, 2] and d["seed"].tolist() == [0, 1]
+    conf_, steps = d["confusion"], d["steps"]
+    assert conf_.shape == (2, 2, 4, 4, 4) and np.all(steps == 4)  # S = L, 4 clients
+    assert np.all(conf_.sum((-2, -1)) == 100)  # every test sample, every step
+  recs = read_metrics(f"{out}/metrics.jsonl")
+  last = [r for r in recs if r["round"] == 2]
+  for i, r in enumerate(last):  # the last step's matrix is the round's evaluation
+    cm = conf_[1, i, 3]
+    np.testing.assert_allclose(r["accuracy"], 100 * np.trace(cm) / cm.sum(), atol=1e-4)
+  pytest.importorskip("matplotlib")
+  pngs, _ = plots.plot_runs([str(out)], str(tmp_path / "plots"))
+  assert str(tmp_path / "plots" / "confusion_steps_hydra.png") in pngs
+
+
+@pytest.mark.parametrize("method,order,why", [
+    ("sfl", "random", "run.step_confusion=true with method.order='random'"),
+    ("sfl_fedexp", "cyclic", "run.step_confusion=true with method.name='sfl_fedexp'"),
+    ("splitfedv1", "cyclic", "run.step_confusion=true with method.name='splitfedv1'"),
+    ("fedseq", "cyclic", "run.step_confusion=true with method.name='fedseq'")])
+def test_step_confusion_needs_a_watchable_round(tmp_path, capsys, method, order, why):
+  """A cyclic order on a method whose sequential server serves the label
+  cycle and whose participants' part-1 copies are aggregated; refused before
+  anything is written otherwise."""
+  code = cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}", f"method.name={method}",
+                   f"method.order={order}", "run.step_confusion=true"])
+  assert code == 2
+  assert why in capsys.readouterr().err
   assert not (tmp_path / "r").exists()

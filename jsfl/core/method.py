@@ -117,11 +117,15 @@ class CountingBytes:
 
   def round(self, state, data, key):
     state, metrics = self.algorithm.round(state, data, key)
+    return state, self.counted(metrics)
+
+  def counted(self, metrics: dict) -> dict:
+    """A round's ``metrics`` with its traffic (its own count where it has one)."""
     if "bytes_up" not in metrics:
       up, down = self.communication(self.setup, metrics["samples"].astype(jnp.float32))
       metrics = {**metrics, "bytes_up": jnp.asarray(up, jnp.float32),
                  "bytes_down": jnp.asarray(down, jnp.float32)}
-    return state, metrics
+    return metrics
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,9 +9,13 @@ import optax
 
 # --------------------------------------------------------------- optimiser
 OPTIMIZERS = ("sgd", "adam")
+# Which portions optim.weight_decay moves (Hydra App. H.5, Fig. 19): every
+# one, or only the server's part-2 (the clients' part-1 steps undecayed).
+WEIGHT_DECAY_SCOPES = ("all", "part2")
 
 
-def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0, name: str = "sgd"):
+def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0, name: str = "sgd",
+                   decay: bool = True):
   """``optim.name`` as an optax chain with an injected learning rate, so a
   round can set its decayed value (:func:`round_lr`) without recompiling.
 
@@ -19,6 +23,12 @@ def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0, name: str =
   added to the gradient before momentum.  ``adam``: Adam (``momentum`` is
   its b1 when > 0), the weight decay added to the gradient first as well
   (PyTorch's ``Adam(weight_decay=...)``, not AdamW).
+
+  ``decay=False``: the same chain with its weight decay at 0 (it adds
+  ``0 * w``, so a step is exactly the undecayed one): the optimiser of the
+  portions ``optim.weight_decay_scope = "part2"`` leaves undecayed.  Its
+  state has the decayed chain's structure, so a state either one built
+  steps with both.
   """
   if name not in OPTIMIZERS:
     raise ValueError(f"optim.name={name!r}; allowed: {', '.join(OPTIMIZERS)}")
@@ -29,7 +39,7 @@ def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0, name: str =
     else:
       tx = optax.adam(learning_rate, b1=momentum or 0.9)
     if weight_decay:
-      tx = optax.chain(optax.add_decayed_weights(weight_decay), tx)
+      tx = optax.chain(optax.add_decayed_weights(weight_decay if decay else 0.0), tx)
     return tx
   return optax.inject_hyperparams(chain)(learning_rate=0.0)
 

@@ -48,6 +48,7 @@ class Setup:
   lr_decay_start: int = 1     # first decayed round
   momentum: float = 0.0
   weight_decay: float = 0.0
+  weight_decay_scope: str = "all"  # jsfl.core.optim.WEIGHT_DECAY_SCOPES
   optimizer: str = "sgd"      # optim.name (jsfl.core.optim.OPTIMIZERS)
   client_exec: str = "vmap"
   client_pass: str = "per_visit"  # CLIENT_PASSES
@@ -63,6 +64,16 @@ class Setup:
     """The run's optimiser (``optim.name``, momentum, weight decay) as an
     optax chain, built once per setup; every portion steps with it."""
     return make_optimizer(self.momentum, self.weight_decay, self.optimizer)
+
+  @functools.cached_property
+  def client_tx(self):
+    """The optimiser of the clients' part-1 in a split round: :attr:`tx`,
+    or with ``weight_decay_scope = "part2"`` the same chain without its
+    weight decay (its state has ``tx``'s structure), so only the server's
+    portions are decayed (Hydra App. H.5)."""
+    if self.weight_decay_scope == "all":
+      return self.tx
+    return make_optimizer(self.momentum, self.weight_decay, self.optimizer, decay=False)
 
   def replace(self, **kw) -> Setup:
     return dataclasses.replace(self, **kw)

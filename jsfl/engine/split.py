@@ -39,10 +39,14 @@ over the run's setup, never over a state) and :class:`SplitRounds` runs it:
 ``init(key)``, ``round(state, data, key)``.
 
 The server loss is the :func:`server_update` argument of a rule
-(cross-entropy by default).  Every optimiser step is gated on the batch mask
-through :class:`~jsfl.core.portion.Portion`, so a participant without data at
-a step (or a server serving an empty batch) leaves parameters, BatchNorm
-statistics and optimiser state untouched.
+(cross-entropy by default).  The participants' part-1 steps with
+``setup.client_tx`` and the server's portions with the plan's ``tx``: the
+same optimiser except under ``optim.weight_decay_scope = "part2"``, where
+only the server's part-2 is weight-decayed (Hydra App. H.5).  Every
+optimiser step is gated on the batch mask through
+:class:`~jsfl.core.portion.Portion`, so a participant without data at a step
+(or a server serving an empty batch) leaves parameters, BatchNorm statistics
+and optimiser state untouched.
 """
 
 from __future__ import annotations
@@ -301,9 +305,33 @@ class SplitRound(NamedTuple):
   part1_stats: Any
   server: Any            # the server carry after the round
   loss_sums: jax.Array   # (S,)
+  steps: Any = None      # StepModels of a watched round (run_round's ``watch``)
 
 
-def run_round(alg: SplitAlgorithm, setup, state, data, key) -> SplitRound:
+class StepModels(NamedTuple):
+  """The models of a watched round after each of its first ``S`` steps
+  (:func:`run_round`'s ``watch``): a step is a run of consecutive server
+  visits of participants with one dominant label (a client's turn of
+  ``batches_per_turn`` batches; under the paper's phi, the phi clients of a
+  label), the last one ending with the round."""
+
+  models: Any           # (S, ...) the model after step s (zeros past ``num_steps``)
+  labels: jax.Array     # (S,) the dominant label step s served (-1 past ``num_steps``)
+  num_steps: jax.Array  # steps recorded, at most S
+
+
+class Watch(NamedTuple):
+  """What :func:`run_round` records of a round: the model after each of its
+  first ``steps`` steps, ``model(out)`` of the round as if it had ended
+  there (``out`` a :class:`SplitRound` of the current client portions and
+  server carry, its part-1 aggregated by ``client_final``)."""
+
+  model: Callable[[SplitRound], Any]
+  steps: int
+
+
+def run_round(alg: SplitAlgorithm, setup, state, data, key,
+              watch: Watch | None = None) -> SplitRound:
   """One round of a split method.
 
   Args:
@@ -312,10 +340,17 @@ def run_round(alg: SplitAlgorithm, setup, state, data, key) -> SplitRound:
     state: the method's state (read only by the hooks).
     data: the round's :class:`~jsfl.core.data.RoundData`.
     key: the round's PRNG key.
+    watch: None (a run's rounds), or what to record of the round
+      (:class:`Watch`: the model after each step, into
+      ``SplitRound.steps``); needs a :class:`SequentialServer` rule (its
+      participants' part-1 run inside each visit, ``client_pass =
+      per_visit``'s values) without ``client_select`` / ``client_place``.
 
   Returns:
     :class:`SplitRound`.
   """
+  if watch is not None:
+    return watched_round(alg, setup, state, data, key, watch)
   plan = alg.plan(setup, state, data, key)
   n = setup.clients_per_round
   sched = alg.schedule(setup, state, plan, data)
@@ -331,7 +366,7 @@ def run_round(alg: SplitAlgorithm, setup, state, data, key) -> SplitRound:
     stack, srv = carry
     step = Step(x, y, idx, mask, position)
     current = stack if alg.client_select is None else alg.client_select(stack, plan, step)
-    current, srv, lsum = segment_step(setup, plan.tx, current, srv, step, order,
+    current, srv, lsum = segment_step(setup, setup.client_tx, current, srv, step, order,
                                       alg.server_rule(state, plan, step))
     if alg.client_place is not None:
       current = alg.client_place(stack, current, plan, step)
@@ -344,6 +379,90 @@ def run_round(alg: SplitAlgorithm, setup, state, data, key) -> SplitRound:
       (indices, sched.src, sched.order), live)
   part1, stats1 = alg.client_final(clients, plan) if alg.client_final else (None, None)
   return SplitRound(plan, sched.order, clients, part1, stats1, srv, lsums)
+
+
+def watchable(alg: SplitAlgorithm) -> bool:
+  """Whether :func:`run_round` can watch ``alg``'s steps: a sequential
+  server's label-cycle schedule (:func:`label_cycle`) and participants that
+  train the global part-1 in place and are aggregated (SFL, its variants
+  but FedExp, Hydra)."""
+  return (alg.schedule is label_cycle and alg.client_final is not None
+          and alg.client_select is None and alg.client_place is None)
+
+
+def watched_round(alg: SplitAlgorithm, setup, state, data, key, watch: Watch) -> SplitRound:
+  """:func:`run_round` with ``watch``: the same segments, each visited
+  participant after participant (:func:`visit_segment`), and before each
+  visit that starts a new step (its participant's dominant label differs from
+  the previous visit's) the model as it stands is written into a buffer of
+  ``watch.steps`` models; after the last segment, the round's end model
+  closes the last step.  Inside one program: no Python loop over visits."""
+  if not watchable(alg) or alg.client_final is None:
+    raise ValueError("run.step_confusion: a split method whose sequential server "
+                     "serves the label cycle and whose participants train the global "
+                     "part-1 in place; allowed: sfl and its variants but sfl_fedexp, "
+                     "hydra")
+  plan = alg.plan(setup, state, data, key)
+  n = setup.clients_per_round
+  sched = alg.schedule(setup, state, plan, data)
+  clients = alg.client_init(state, plan)
+  who = jnp.arange(n)
+  has = jnp.any(plan.mask, axis=2)  # (T, n)
+  S = watch.steps
+  label_of = data.dominant[plan.clients]  # (n,)
+
+  def model_now(stack, srv):
+    part1, stats1 = alg.client_final(stack, plan)
+    return watch.model(SplitRound(plan, sched.order, stack, part1, stats1, srv,
+                                  jnp.zeros(sched.order.shape[0], jnp.float32)))
+
+  shapes = jax.eval_shape(model_now, clients, alg.server_init(state, plan))
+  buf = jax.tree.map(lambda a: jnp.zeros((S,) + a.shape, a.dtype), shapes)
+  obs0 = (buf, jnp.full((S,), -1, jnp.int32), jnp.zeros((), jnp.int32),
+          jnp.full((), -1, jnp.int32))
+
+  def record(obs, stack, srv, ends):
+    """The model written at ``count`` where a step ``ends`` (the model is
+    computed under ``lax.cond``, the write goes to a dropped index
+    otherwise: under the seed vmap the buffer is never selected whole)."""
+    buf, labels, count, prev = obs
+    ends = ends & (prev >= 0) & (count < S)
+    zeros = lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+    model = lax.cond(ends, lambda: model_now(stack, srv), zeros)
+    at = jnp.where(ends, count, S)
+    buf = jax.tree.map(lambda b, m: b.at[at].set(m, mode="drop"), buf, model)
+    return buf, labels.at[at].set(prev, mode="drop"), count + ends.astype(jnp.int32)
+
+  def before_visit(obs, stack, srv, k, active):
+    lab = label_of[k]
+    buf, labels, count = record(obs, stack, srv, active & (lab != obs[3]))
+    return buf, labels, count, jnp.where(active, lab, obs[3])
+
+  def one_segment(carry, segment):
+    position, src, order = segment
+    idx = plan.idx[jnp.maximum(src, 0), who]
+    mask = plan.mask[jnp.maximum(src, 0), who] & (src >= 0)[:, None]
+    x, y = gather(data, idx)
+    stack, srv, obs = carry
+    step = Step(x, y, idx, mask, position)
+    rule = alg.server_rule(state, plan, step)
+    if not isinstance(rule, SequentialServer):
+      raise ValueError("run.step_confusion: a split method whose server serves "
+                       "participant after participant; allowed: sfl and its variants, "
+                       "hydra")
+    stack, srv, lsum, obs = visit_segment(setup, setup.client_tx, stack, srv, step,
+                                          order, rule, watch=(before_visit, obs))
+    return (stack, srv, obs), lsum
+
+  live = jnp.any(has[jnp.maximum(sched.src, 0), who] & (sched.src >= 0), axis=1)
+  indices = jnp.arange(sched.src.shape[0], dtype=jnp.int32)
+  (clients, srv, obs), lsums = scan_live(
+      one_segment, (clients, alg.server_init(state, plan), obs0),
+      (indices, sched.src, sched.order), live)
+  buf, labels, count = record(obs, clients, srv, jnp.ones((), bool))
+  part1, stats1 = alg.client_final(clients, plan)
+  return SplitRound(plan, sched.order, clients, part1, stats1, srv, lsums,
+                    StepModels(buf, labels, count))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,11 +484,24 @@ class SplitRounds:
     out = run_round(self.algorithm, self.setup, state, data, key)
     return self.finish(self.setup, state, out)
 
+  def watched_round(self, state, data, key, output_model: Callable, steps: int):
+    """:meth:`round` that also returns the :class:`StepModels` of its first
+    ``steps`` steps, each model ``output_model(setup, state)`` of the state
+    the round would leave had it ended after that step (the last step's is
+    the round's own next state's)."""
+    def model(out):
+      return output_model(self.setup, self.finish(self.setup, state, out)[0])
+    out = run_round(self.algorithm, self.setup, state, data, key, Watch(model, steps))
+    new, metrics = self.finish(self.setup, state, out)
+    return new, metrics, out.steps
+
 
 def segment_step(setup, tx, clients: Portion, server, step: Step, order, rule):
   """One segment: the participants' part-1 forward, the server rule, part-1
   backward and a gated step of every participant that had a batch (for a
-  :class:`PerClientServer`, each participant's piece).
+  :class:`PerClientServer`, each participant's piece).  ``tx`` is the
+  participants' optimiser (``setup.client_tx`` in :func:`run_round`); a
+  server rule steps its portions with ``plan.tx``.
 
   Returns:
     ``(clients, server, loss_sum)``.
@@ -405,7 +537,7 @@ def segment_step(setup, tx, clients: Portion, server, step: Step, order, rule):
 
 
 def visit_segment(setup, tx, clients: Portion, server, step: Step, order,
-                  rule: SequentialServer):
+                  rule: SequentialServer, watch=None):
   """A :class:`SequentialServer` segment with every participant's part-1
   forward, backward and step inside the server's visit of it
   (``exec.client_pass = "per_visit"``).
@@ -417,13 +549,19 @@ def visit_segment(setup, tx, clients: Portion, server, step: Step, order,
   longer grows with the participants, and with seeds batched each kernel
   still sees seeds x batch samples.
 
+  ``watch``: None, or ``(before, obs)``: ``obs = before(obs, clients, server,
+  k, active)`` runs before participant ``k``'s visit (a watched round,
+  :func:`watched_round`), and the final ``obs`` is returned last.
+
   Returns:
-    ``(clients, server, loss_sum)``.
+    ``(clients, server, loss_sum)`` (``+ (obs,)`` with ``watch``).
   """
   def visit(carry, k):
-    stack, srv = carry
+    stack, srv, obs = carry
     client = jax.tree.map(lambda a: a[k], stack)
     x, y, mask = step.x[k], step.y[k], step.mask[k]
+    if watch is not None:
+      obs = watch[0](obs, stack, srv, k, jnp.any(mask))
 
     def run():
       act, vjp_fn, ns = client_forward(setup, client, x, mask)
@@ -434,10 +572,14 @@ def visit_segment(setup, tx, clients: Portion, server, step: Step, order,
     client, srv, lsum = lax.cond(jnp.any(mask), run,
                                  lambda: (client, srv, jnp.zeros((), jnp.float32)))
     stack = jax.tree.map(lambda a, v: a.at[k].set(v), stack, client)
-    return (stack, srv), lsum
+    return (stack, srv, obs), lsum
 
-  (clients, server), lsums = lax.scan(visit, (clients, server), order, unroll=rule.unroll)
-  return clients, server, jnp.sum(lsums)
+  obs = None if watch is None else watch[1]
+  (clients, server, obs), lsums = lax.scan(visit, (clients, server, obs), order,
+                                           unroll=rule.unroll)
+  if watch is None:
+    return clients, server, jnp.sum(lsums)
+  return clients, server, jnp.sum(lsums), obs
 
 
 def serve_in_order(rule: SequentialServer, server, acts, y, mask, order):

@@ -118,7 +118,7 @@ METHODS: dict[str, Entry] = {
         'groups': Option(int, 0, 'number of heads G (0 = number of labels L)', None, '[0, 1000000]', False),
         'head_cut': Option(int, -1, "first stage of the heads (-1 = the model's default or the `head` preset)", None, '[-1, 10000]', False),
         'head': Option(str, '', "named head length of the model (MobileNetV1: 'small' = last 2 stages, 'large' = from stage 20)", None, None, False),
-        'superclasses': Option(str, 'authors', "label -> group table when G < L: authors = the authors' code's tables (G = 5 or 2, 10 labels), cifar10 = the paper's CIFAR-10 tables, fashion_mnist, consecutive (any L, G)", ('authors', 'consecutive', 'cifar10', 'fashion_mnist'), None, False),
+        'superclasses': Option(str, 'authors', "label -> group table when G < L: authors = the authors' code's tables (G = 5 or 2, 10 labels), cifar10 = the paper's CIFAR-10 tables, fashion_mnist, cifar100 = CIFAR-100's 20 superclasses (G = 20, 100 fine labels), consecutive (any L, G)", ('authors', 'consecutive', 'cifar10', 'fashion_mnist', 'cifar100'), None, False),
         'grouping': Option(str, 'table', "which head a client trains: table = the head of its dominant label's group (the authors' code), algorithm2 = the paper's balanced assignment on the label counts", ('table', 'algorithm2'), None, False),
     }),
     'mergesfl': Entry('jsfl.methods.mergesfl', {

@@ -51,7 +51,7 @@ from jsfl.options import option, option_set
 
 # Superclass tables: label -> group.  CIFAR-10 labels are airplane,
 # automobile, bird, cat, deer, dog, frog, horse, ship, truck (Hydra App. H).
-SUPERCLASSES = {
+SUPERCLASSES: dict[tuple[str, int], tuple[int, ...]] = {
     # The authors' code (test_hydra_heads.py, ``teams_5`` / ``teams_2``), keyed
     # there by client id = dominant label: {airplane, bird}, {automobile,
     # truck}, {ship}, {cat, dog, horse}, {deer, frog}; animals / the rest.
@@ -70,9 +70,57 @@ SUPERCLASSES = {
     ("fashion_mnist", 2): (0, 0, 0, 0, 0, 1, 0, 1, 1, 1),
 }
 
+# CIFAR-100 as its release defines it (Krizhevsky 2009; the python version's
+# ``meta``): the 100 fine labels in their index order (alphabetical) and the
+# 20 superclasses, index order, each with its 5 fine labels.  The G = 20
+# table maps every fine label to its superclass: the release's
+# ``coarse_labels`` of each image (Hydra App. H.6, Table 9: "20 superclasses
+# as in Ramasesh et al.").
+CIFAR100_FINE = (
+    "apple", "aquarium_fish", "baby", "bear", "beaver", "bed", "bee", "beetle",
+    "bicycle", "bottle", "bowl", "boy", "bridge", "bus", "butterfly", "camel", "can",
+    "castle", "caterpillar", "cattle", "chair", "chimpanzee", "clock", "cloud",
+    "cockroach", "couch", "crab", "crocodile", "cup", "dinosaur", "dolphin", "elephant",
+    "flatfish", "forest", "fox", "girl", "hamster", "house", "kangaroo", "keyboard",
+    "lamp", "lawn_mower", "leopard", "lion", "lizard", "lobster", "man", "maple_tree",
+    "motorcycle", "mountain", "mouse", "mushroom", "oak_tree", "orange", "orchid",
+    "otter", "palm_tree", "pear", "pickup_truck", "pine_tree", "plain", "plate", "poppy",
+    "porcupine", "possum", "rabbit", "raccoon", "ray", "road", "rocket", "rose", "sea",
+    "seal", "shark", "shrew", "skunk", "skyscraper", "snail", "snake", "spider",
+    "squirrel", "streetcar", "sunflower", "sweet_pepper", "table", "tank", "telephone",
+    "television", "tiger", "tractor", "train", "trout", "tulip", "turtle", "wardrobe",
+    "whale", "willow_tree", "wolf", "woman", "worm")
+CIFAR100_SUPERCLASSES = (
+    ("aquatic_mammals", ("beaver", "dolphin", "otter", "seal", "whale")),
+    ("fish", ("aquarium_fish", "flatfish", "ray", "shark", "trout")),
+    ("flowers", ("orchid", "poppy", "rose", "sunflower", "tulip")),
+    ("food_containers", ("bottle", "bowl", "can", "cup", "plate")),
+    ("fruit_and_vegetables", ("apple", "mushroom", "orange", "pear", "sweet_pepper")),
+    ("household_electrical_devices", ("clock", "keyboard", "lamp", "telephone",
+                                      "television")),
+    ("household_furniture", ("bed", "chair", "couch", "table", "wardrobe")),
+    ("insects", ("bee", "beetle", "butterfly", "caterpillar", "cockroach")),
+    ("large_carnivores", ("bear", "leopard", "lion", "tiger", "wolf")),
+    ("large_man-made_outdoor_things", ("bridge", "castle", "house", "road", "skyscraper")),
+    ("large_natural_outdoor_scenes", ("cloud", "forest", "mountain", "plain", "sea")),
+    ("large_omnivores_and_herbivores", ("camel", "cattle", "chimpanzee", "elephant",
+                                        "kangaroo")),
+    ("medium_mammals", ("fox", "porcupine", "possum", "raccoon", "skunk")),
+    ("non-insect_invertebrates", ("crab", "lobster", "snail", "spider", "worm")),
+    ("people", ("baby", "boy", "girl", "man", "woman")),
+    ("reptiles", ("crocodile", "dinosaur", "lizard", "snake", "turtle")),
+    ("small_mammals", ("hamster", "mouse", "rabbit", "shrew", "squirrel")),
+    ("trees", ("maple_tree", "oak_tree", "palm_tree", "pine_tree", "willow_tree")),
+    ("vehicles_1", ("bicycle", "bus", "motorcycle", "pickup_truck", "train")),
+    ("vehicles_2", ("lawn_mower", "rocket", "streetcar", "tank", "tractor")),
+)
+SUPERCLASSES[("cifar100", 20)] = tuple(
+    next(g for g, (_, fine) in enumerate(CIFAR100_SUPERCLASSES) if name in fine)
+    for name in CIFAR100_FINE)
+
 
 # ------------------------------------------------------------------- Hydra
-SUPERCLASS_NAMES = ("authors", "consecutive", "cifar10", "fashion_mnist")
+SUPERCLASS_NAMES = ("authors", "consecutive", "cifar10", "fashion_mnist", "cifar100")
 
 
 GROUPINGS = ("table", "algorithm2")
@@ -90,8 +138,9 @@ class HydraOptions:
                      "2 stages, 'large' = from stage 20)")
   superclasses: str = option("authors", "label -> group table when G < L: authors = the "
                              "authors' code's tables (G = 5 or 2, 10 labels), cifar10 = the "
-                             "paper's CIFAR-10 tables, fashion_mnist, consecutive (any L, G)",
-                             choices=SUPERCLASS_NAMES)
+                             "paper's CIFAR-10 tables, fashion_mnist, cifar100 = CIFAR-100's "
+                             "20 superclasses (G = 20, 100 fine labels), consecutive (any "
+                             "L, G)", choices=SUPERCLASS_NAMES)
   grouping: str = option("table", "which head a client trains: table = the head of its "
                          "dominant label's group (the authors' code), algorithm2 = the "
                          "paper's balanced assignment on the label counts",
@@ -105,7 +154,8 @@ def superclass_table(name: str, num_classes: int, groups: int) -> np.ndarray:
     name: ``"consecutive"`` (label l -> floor(l * G / L), for any dataset),
       ``"authors"`` (the authors' code's tables for 10 labels, whatever the
       dataset) or a dataset with semantic tables (``"cifar10"``,
-      ``"fashion_mnist"``); G in {2, 5}, or G = L for the identity.
+      ``"fashion_mnist"``: G in {2, 5}; ``"cifar100"``: G = 20 over the 100
+      fine labels), or G = L for the identity.
     num_classes: L.
     groups: G, 1 <= G <= L.
 
@@ -121,11 +171,13 @@ def superclass_table(name: str, num_classes: int, groups: int) -> np.ndarray:
     return np.zeros(num_classes, np.int32)
   if name == "consecutive":
     return (np.arange(num_classes) * groups // num_classes).astype(np.int32)
-  if (name, groups) not in SUPERCLASSES or num_classes != 10:
+  if ((name, groups) not in SUPERCLASSES
+      or len(SUPERCLASSES[(name, groups)]) != num_classes):
     have = sorted(g for n, g in SUPERCLASSES if n == name)
+    width = {len(t) for (n, _), t in SUPERCLASSES.items() if n == name}
     raise ValueError(f"superclasses={name!r} with groups={groups}, L={num_classes}; "
-                     f"allowed: groups in {have} with L = 10, or "
-                     "superclasses='consecutive'")
+                     f"allowed: groups in {have} with L = {'/'.join(map(str, width))}, "
+                     "or superclasses='consecutive'")
   return np.asarray(SUPERCLASSES[(name, groups)], np.int32)
 
 

@@ -21,6 +21,8 @@ from jsfl.statistics import (
 # them, or predate them, are one group.
 IGNORED_FIELDS = frozenset({"run.name", "run.out_dir", "run.dir", "run.seed", "run.seeds",
                             "run.trackers", "run.profile", "run.divergence_loss",
+                            "run.step_confusion", "run.step_confusion_rounds",
+                            "run.step_confusion_steps",
                             "dataset.data_dir", "dataset.download", "dataset.path",
                             "model.conv_impl", "model.eval_conv_impl",
                             "model.depthwise_impl"})
@@ -29,7 +31,8 @@ IGNORED_SECTIONS = ("exec",)
 COMPARED_EXEC_FIELDS = frozenset({"exec.precision"})
 # keys added after runs were written, at the value those runs computed: a
 # run with that value groups with the runs that do not have the key
-ADDED_AT = {"exec.precision": "float32", "optim.name": "sgd"}
+ADDED_AT = {"exec.precision": "float32", "optim.name": "sgd",
+            "optim.weight_decay_scope": "all"}
 MISSING = "-"  # a config field a run does not have (e.g. another method's option)
 
 
@@ -103,9 +106,9 @@ class Group:
     return self.runs[0].config
 
 
-# A plot file is <prefix>_NN_<slug>.png: "partition_" + "NN_" + 43 + ".png"
-# keeps every name within a sweep cell's 60 characters.
-SLUG_LIMIT = 43
+# A plot file is <prefix>_NN_<slug>.png: "confusion_steps_" + "NN_" + 37 +
+# ".png" keeps every name within a sweep cell's 60 characters.
+SLUG_LIMIT = 37
 
 
 def _slug(text: str, limit: int = SLUG_LIMIT) -> str:

@@ -84,3 +84,16 @@ def evaluate_logits(logits_fn, test, mean, std, num_classes: int):
           "loss": jnp.sum(ce) / total,
           "per_label_accuracy": jnp.where(present, 100.0 * hits / jnp.maximum(counts, 1), 0.0),
           "present": present}
+
+
+def confusion(model, params, stats, test, mean, std, num_classes: int):
+  """The ``(L, L)`` int32 confusion matrix of a model on the chunked test
+  set: row = true label, column = predicted label (argmax of the logits, as
+  :func:`evaluate`'s accuracy counts a hit)."""
+  def one(chunk):
+    x, y, v = chunk
+    pred = jnp.argmax(model.logits(params, stats, normalize(x, mean, std)), -1)
+    true = jax.nn.one_hot(y, num_classes, dtype=jnp.int32) * v[:, None].astype(jnp.int32)
+    return true.T @ jax.nn.one_hot(pred, num_classes, dtype=jnp.int32)
+
+  return lax.map(one, (test["x"], test["y"], test["valid"])).sum(0)

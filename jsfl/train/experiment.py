@@ -19,6 +19,7 @@ from jsfl.core import sharding
 from jsfl.core.data import RoundData, hyper_of
 from jsfl.core.setup import Setup
 from jsfl.data import load_dataset
+from jsfl.engine import split
 from jsfl.methods.catalog import get_method
 from jsfl.models import get_model, layers
 from jsfl.models.base import model_factory
@@ -139,10 +140,11 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
   table = np.stack([np.pad(t, ((0, 0), (0, max_n - t.shape[1]))) for t in tables])
   setup = make_setup(cfg, model, cut, max_n)
   try:
-    sharding.mesh_shape(conf.exec.mesh, jax.device_count(), len(run_slots),
-                        setup.clients_per_round)
+    mesh = sharding.mesh_shape(conf.exec.mesh, jax.device_count(), len(run_slots),
+                               setup.clients_per_round)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from None
+  check_split_options(conf, setup, method, mesh)
   cell_setups = {name: make_setup(c, model, cut, max_n) for name, c in cell_list}
   if method.validate is not None:  # method checks needing the model or sizes
     for name, s in cell_setups.items():  # each cell's own values (p_min <= p0, ...)
@@ -162,6 +164,36 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
       hyper=jax.tree.map(lambda *v: jnp.asarray(v, jnp.float32), *hypers))
   seed_exec = default_seed_exec() if conf.exec.seed_exec == "auto" else conf.exec.seed_exec
   return Experiment(cfg, setup, method, dataset, run_slots, parts_per_slot, data, seed_exec)
+
+
+def check_split_options(conf: config_types.Config, setup: Setup, method, mesh) -> None:
+  """The options that need a method on the split round
+  (:class:`jsfl.engine.split.SplitRounds`): ``optim.weight_decay_scope =
+  "part2"`` (a part-2 apart from the clients' part-1) and
+  ``run.step_confusion`` (its steps are the sequential server's visits; one
+  device).
+
+  Raises:
+    ConfigError: naming the option and what allows it.
+  """
+  rounds = method.build(setup)
+  on_split = isinstance(rounds, split.SplitRounds)
+  name = conf.method.name
+  if conf.optim.weight_decay_scope != "all" and not on_split:
+    raise config_lib.ConfigError(
+        f"optim.weight_decay_scope={conf.optim.weight_decay_scope!r} with "
+        f"method.name={name!r}; allowed: 'all', or a split method with a server-side "
+        "part-2 (sfl and its variants, hydra, mergesfl, splitfedv1/v3, multisfl)")
+  if conf.run.step_confusion:
+    if not (isinstance(rounds, split.SplitRounds) and split.watchable(rounds.algorithm)):
+      raise config_lib.ConfigError(
+          f"run.step_confusion=true with method.name={name!r}; allowed: a split "
+          "method whose sequential server serves the label cycle (sfl and its "
+          "variants but sfl_fedexp, hydra)")
+    if mesh != (1, 1):
+      raise config_lib.ConfigError(
+          f"run.step_confusion=true on a mesh of {mesh[0]} x {mesh[1]} devices; "
+          "allowed: one device (exec.mesh = \"seeds=1,clients=1\")")
 
 
 def build_model(cfg: dict, input_shape, num_classes: int):
@@ -210,7 +242,8 @@ def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
       batches_per_turn=me.batches_per_turn, drop_last=me.drop_last,
       lr=o.lr, lr_decay=o.lr_decay, lr_min=o.lr_min,
       lr_decay_start=o.lr_decay_start, momentum=o.momentum,
-      weight_decay=o.weight_decay, optimizer=o.name,
+      weight_decay=o.weight_decay, weight_decay_scope=o.weight_decay_scope,
+      optimizer=o.name,
       client_exec=default_client_exec(n) if x.client_exec == "auto" else x.client_exec,
       client_pass=default_client_pass() if x.client_pass == "auto" else x.client_pass,
       server_unroll=x.server_unroll,

@@ -41,7 +41,7 @@ from jsfl.train.programs import (
   run_mesh,
   split_data,
 )
-from jsfl.train.records import Tally, summary
+from jsfl.train.records import Tally, summary, write_step_confusion
 
 
 def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None,
@@ -113,6 +113,12 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
   init, rnd, ev = fit.fit(exp, (init, rnd, ev), seed_keys, slot, shared, mesh,
                           log=lambda m: print(m, file=sys.stderr, flush=True) if writes
                           else None)
+  watched = step_confusion_rounds(cfg)
+  step_rnd = None
+  if watched:  # run.step_confusion: another round program, for these rounds only
+    step_rnd = programs.build_step_program(exp)
+    if isinstance(rnd, fit.Chunked):
+      step_rnd = fit.Chunked(step_rnd, rnd.n, rnd.size, 3)
   _, _, mean, std = shared
   state = commit(init(seed_keys), mesh)
   c = config_lib.typed(cfg)
@@ -130,7 +136,12 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
     for r in range(t.start, R):
       profile.before(r)
       t0 = time.perf_counter()
-      state, m = rnd(state, slot, round_keys(seed_keys, r), shared)
+      if step_rnd is not None and r + 1 in watched:
+        state, m, sc = step_rnd(state, slot, round_keys(seed_keys, r), shared, test)
+        if writes:
+          write_step_confusion(out, exp, r, jax.device_get(sc))
+      else:
+        state, m = rnd(state, slot, round_keys(seed_keys, r), shared)
       m = jax.device_get(m)
       wall = time.perf_counter() - t0
       traffic = t.add_traffic(m)
@@ -170,6 +181,15 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
           file=sys.stderr, flush=True)
   if t.diverged:
     raise diverged_error(cfg, out, t.diverged_ids(), R, R)
+
+
+def step_confusion_rounds(cfg: dict) -> set[int]:
+  """The rounds (1-based) whose steps ``run.step_confusion`` records; empty
+  when it is off."""
+  run_ = config_lib.typed(cfg).run
+  if not run_.step_confusion:
+    return set()
+  return set(run_.step_confusion_rounds or [run_.rounds])
 
 
 def resume(run_dir: str, *, progress: bool | None = None) -> str:

@@ -15,7 +15,8 @@ from jax import lax
 
 from jsfl.core import sharding
 from jsfl.core.data import SHARED_FIELDS, SLOT_FIELDS, RoundData
-from jsfl.train.evaluate import evaluate, evaluate_logits
+from jsfl.core.method import CountingBytes
+from jsfl.train.evaluate import confusion, evaluate, evaluate_logits
 
 UNROLL_MAX_CLIENTS = 32  # beyond this an unrolled client loop makes compiling slow
 
@@ -146,6 +147,34 @@ def build_programs(exp, mesh=None):
         return fn(*args)
     return call
   return tuple(map(traced_under_mesh, (init, rnd, ev)))
+
+
+def build_step_program(exp):
+  """The round program of ``run.step_confusion``: the run's round (the
+  same state and metrics) that also returns, per slot, the test-set
+  confusion matrix after each of the round's first ``run.step_confusion_steps``
+  steps (``jsfl.engine.split.SplitRounds.watched_round``): ``confusion``
+  ``(S, L, L)`` (zeros past ``count``), ``labels`` ``(S,)`` the dominant label
+  each step served, ``count``.  The step models are held through the round
+  and evaluated after it by a ``lax.map`` over the steps.  Called as
+  ``(state, slot, keys, shared, test)``; one device (the experiment checks).
+  """
+  setup, method = exp.setup.static(), exp.method
+  algorithm = method.build(setup)
+  counting = CountingBytes(algorithm, setup, method.communication)
+  steps = exp.config.run.step_confusion_steps or setup.num_classes
+
+  def one(state, slot, key, shared, test):
+    state, m, sm = algorithm.watched_round(state, round_data(slot, shared), key,
+                                           method.output_model, steps)
+    m = counting.counted(m)
+    _, _, mean, std = shared
+    conf = lax.map(lambda ps: confusion(setup.model, ps[0], ps[1], test, mean, std,
+                                        setup.num_classes), sm.models)
+    return (state, {**m, "finite": all_finite(state, m["loss"])},
+            {"confusion": conf, "labels": sm.labels, "count": sm.num_steps})
+
+  return jax.jit(seed_program(one, exp.seed_exec, 3), donate_argnums=(0,))
 
 
 def all_finite(*trees) -> jax.Array:

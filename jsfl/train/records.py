@@ -210,3 +210,35 @@ class Tally:
     self.last_acc = e["accuracy"]
     live = [i for i in range(len(self.ids)) if i not in self.diverged]
     return float(np.median(e["accuracy"][live])) if live else None
+
+
+STEP_CONFUSION = "confusion_steps.npz"
+
+
+def write_step_confusion(out: str, exp, r: int, sc: dict) -> str:
+  """Adds round ``r``'s (0-based) step confusion matrices (``run.step_confusion``;
+  ``sc`` the step program's third output, fetched) to ``out/confusion_steps.npz``,
+  replacing what an earlier attempt of the round (a resumed run) wrote.
+
+  The file's arrays (docs/run-directory.md): ``round`` ``(R',)`` 1-based;
+  ``seed`` ``(n,)`` and ``cell`` ``(n,)`` the slots; ``confusion``
+  ``(R', n, S, L, L)`` counts, row = true label, column = predicted, after
+  step s of the round (zeros past ``steps``); ``labels`` ``(R', n, S)`` the
+  dominant label step s served (-1 past ``steps``); ``steps`` ``(R', n)``.
+  """
+  path = os.path.join(out, STEP_CONFUSION)
+  new = {"round": np.array([r + 1]),
+         "confusion": np.asarray(sc["confusion"])[None].astype(np.int32),
+         "labels": np.asarray(sc["labels"])[None].astype(np.int32),
+         "steps": np.asarray(sc["count"])[None].astype(np.int32)}
+  if os.path.exists(path):
+    with np.load(path) as old:
+      keep = old["round"] != r + 1
+      if old["confusion"].shape[1:] == new["confusion"].shape[1:]:
+        new = {k: np.concatenate([old[k][keep], v]) for k, v in new.items()}
+  order = np.argsort(new["round"], kind="stable")
+  arrays = {k: v[order] for k, v in new.items()}
+  arrays["seed"] = np.array([s.seed for s in exp.slots])
+  arrays["cell"] = np.array([s.cell or "" for s in exp.slots])
+  rundir.write_npz_atomic(path, arrays)
+  return path

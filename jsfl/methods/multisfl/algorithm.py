@@ -276,7 +276,10 @@ def serve(setup: Setup) -> split.ServerRule:
             lambda new, old: jnp.where(epoch_start, new, old),
             (client.params, client.stats), br.replay_model))
       act, vjp, ns = split.client_forward(setup, client, x, mask)
-      br, g_a, lsum = branch_server(setup, tx, data, br, act, y, mask, (ridx[k], rmask[k]))
+      # the branch's server portion steps with the server's optimiser, the
+      # client portion with ``tx`` (setup.client_tx: optim.weight_decay_scope)
+      br, g_a, lsum = branch_server(setup, plan.tx, data, br, act, y, mask,
+                                    (ridx[k], rmask[k]))
       (g1,) = vjp(g_a)
       br = br._replace(sqsum=br.sqsum + jnp.where(active, 2.0 * sq_norm(g1), 0.0))
       return client.step(tx, g1, ns, active), br, lsum
