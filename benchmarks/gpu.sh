@@ -127,7 +127,8 @@ for p in "${parts[@]}"; do
     vs_torch_resnet18) vs_torch "$p" resnet18 --methods sfl hydra --central ;;
     throughput)  # jsfl against per-client loops and the centralised step
       if ((smoke)); then
-        part throughput throughput.py --width 0.125 --clients 2 --seeds 1 --repeats 1
+        part throughput throughput.py --model small_cnn --cut 2 --batch 8 --clients 2 --seeds 1 \
+          --repeats 1
       else
         part throughput throughput.py --clients 10 100 --seeds 1 8 --repeats 3 --max-samples 12800
       fi ;;

@@ -82,7 +82,9 @@ def workload(args, clients, seeds):
 def make_setup(args, clients, client_exec="vmap", conv_impl=None, depthwise_impl=None):
   """SFL on the workload, set up from a config as ``jsfl run`` sets it up."""
   return train.setup_from({
-      "model": {"name": args.model, "width": args.width, "cut": args.cut,
+      "model": {"name": args.model, "cut": args.cut,
+                **({"width": int(args.width) if args.width.is_integer() else args.width}
+                   if args.width != 1.0 else {}),
                 "conv_impl": conv_impl or "auto", "depthwise_impl": depthwise_impl or "auto"},
       "partition": {"num_clients": clients},
       "method": {"name": "sfl", "batch_size": args.batch},

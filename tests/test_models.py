@@ -641,7 +641,9 @@ def test_check_cut_bounds(name):
 
 # ---------------------------------------------------------- initialisation
 @pytest.mark.parametrize("name", ["small_cnn", "mobilenet_v1", "resnet18", "lenet5",
-                                  "alexnet", "vgg16", "mobilenet_v2"] + DEEP_NAMES)
+                                  "alexnet", "vgg16",
+                                  pytest.param("mobilenet_v2", marks=pytest.mark.slow)]
+                         + DEEP_NAMES)
 def test_torch_init_draws_like_pytorch(name):
   """``init="torch"``: every conv / dense weight and bias uniform in
   +-1/sqrt(fan_in) (PyTorch's defaults), normalisation scales 1, shifts 0."""
@@ -716,8 +718,11 @@ _PYTORCH_CHECK = {"densenet161": ({"conv_impl": "im2col", "depthwise_impl": "gro
                                   {"xla_backend_optimization_level": 0})}
 
 
+# DenseNet-161's check compiles for a minute on two cores: the slow suite's.
 @pytest.mark.parametrize("name,count", [("mobilenet_v1", 83), ("resnet18", 62),
-                                        ("resnet101", 314), ("densenet161", 484)])
+                                        ("resnet101", 314),
+                                        pytest.param("densenet161", 484,
+                                                     marks=pytest.mark.slow)])
 def test_models_compute_pytorchs_function(name, count):
   """jsfl's MobileNetV1 and ResNet-18 at their defaults are the PyTorch
   models the Hydra cross-check runs (experiments/hydra/authors_code/models/),

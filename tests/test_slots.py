@@ -43,7 +43,9 @@ def by_run(path):
   return {(r.get("cell"), r["seed"], r["round"]): r for r in read_metrics(path)}
 
 
-@pytest.mark.parametrize("method", list(CASES))
+# FedSeq's sequential engine is SFedKD's too: FedSeq alone runs in the slow suite.
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "fedseq"
+                                    else m for m in CASES])
 def test_slotted_program_equals_cell_runs(method, tmp_path):
   cells = cell_configs(method, tmp_path)
   assert len({slots.signature(c) for _, c in cells}) == 1
