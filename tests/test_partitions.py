@@ -260,6 +260,8 @@ def test_partitions_registry_defaults_are_used():
     ("exdir", Y, 4, {"classes_per_client": 2},
      r"gives 8 class slots, fewer than num_classes=10"),
     ("exdir", Y, 201, {}, r"allowed: num_clients <= 200"),
+    ("exdir", Y, 10, {"min_size": -1}, r"exdir.min_size=-1; allowed: an int >= 0"),
+    ("exdir", Y, 100, {"min_size": 30}, r"min_size=30 samples each; allowed"),
     ("natural", Y, 10, {}, r"no natural client ids"),
     ("labelwise", Y, 10, {"p": 0.0}, r"labelwise.p=0.0; allowed: a float in \(0, 1\]"),
     ("labelwise", Y, 1, {}, r"labelwise: num_clients=1; allowed: >= 2"),
@@ -304,6 +306,22 @@ def test_exdir_gives_up_with_clear_error():
   y = balanced_labels(per_class=20)
   with pytest.raises(ValueError, match=r"no split in 1000 attempts"):
     P.make_partition("exdir", y, 20, seed=0, classes_per_client=1, alpha=0.01)
+
+
+def test_exdir_min_size_lowers_the_floor_and_keeps_the_default_draw():
+  # C_cls = 1 on 20 clients of 20-sample classes (as above) at alpha = 0.3:
+  # no draw gives every client 10 samples, one gives every client one; the
+  # default floor (10) is the draw without the option.
+  y = balanced_labels(per_class=20)
+  parts = P.make_partition("exdir", y, 20, seed=0, classes_per_client=1, alpha=0.3,
+                           min_size=1)
+  assert min(len(p) for p in parts) >= 1
+  assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))
+  with pytest.raises(ValueError, match=r"min_size=10 samples"):
+    P.make_partition("exdir", y, 20, seed=0, classes_per_client=1, alpha=0.3)
+  for a, b in zip(P.make_partition("exdir", Y, 20, seed=3),
+                  P.make_partition("exdir", Y, 20, seed=3, min_size=10), strict=True):
+    np.testing.assert_array_equal(a, b)
 
 
 def _authors_reference():

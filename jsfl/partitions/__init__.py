@@ -11,7 +11,8 @@ each sorted ascending).  Methods and their options, with defaults:
 * ``sharding(p=0.8, labels_per_client=2, phi=None)``: Hydra's custom sharding;
   client c is dominant in labels ``c//phi .. c//phi + labels_per_client - 1``
   (mod L).
-* ``exdir(classes_per_client=2, alpha=0.5)``: Li & Lyu's ExDir(C_cls, alpha).
+* ``exdir(classes_per_client=2, alpha=0.5, min_size=10)``: Li & Lyu's
+  ExDir(C_cls, alpha), redrawn until every client has ``min_size``.
 * ``labelwise(p=0.8)``: p%-DL as the Hydra authors' code draws it (client
   ``l mod K`` dominant in label l, shares rounded per label, a few samples
   unheld), reproducing their index sets exactly.
@@ -62,7 +63,7 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
         "labels_per_client": (int, 2),
         "phi": (int, None),
     },
-    "exdir": {"classes_per_client": (int, 2), "alpha": (float, 0.5)},
+    "exdir": {"classes_per_client": (int, 2), "alpha": (float, 0.5), "min_size": (int, 10)},
     "labelwise": {"p": (float, 0.8)},
     "natural": {"group": (bool, False)},
 }

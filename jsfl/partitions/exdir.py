@@ -11,7 +11,8 @@ Two stages (docs/setting.md#partitions):
    n_l)`` over the remaining holders, the rounding remainder going to the last
    of them.  If every holder is capped, l is split evenly among all its holders
    (never NaN).  Stage 2 is repeated, with the class sets kept, until every
-   client holds >= :data:`MIN_CLIENT_SIZE` samples.
+   client holds >= ``min_size`` samples (default :data:`MIN_CLIENT_SIZE`;
+   HAM10000's small classes need less at 100 clients).
 
 Both stages give up after :data:`MAX_ATTEMPTS` draws with a ValueError.
 
@@ -117,7 +118,7 @@ def class_shares(q: np.ndarray, holders: np.ndarray, sizes: np.ndarray,
 
 def exdir(labels: np.ndarray, num_clients: int, num_classes: int,
           rng: np.random.Generator, *, classes_per_client: int = 2,
-          alpha: float = 0.5) -> list[np.ndarray]:
+          alpha: float = 0.5, min_size: int = MIN_CLIENT_SIZE) -> list[np.ndarray]:
   """ExDir(C_cls, alpha) partition, see the module docstring.
 
   Args:
@@ -127,23 +128,27 @@ def exdir(labels: np.ndarray, num_clients: int, num_classes: int,
     rng: the partition's random generator.
     classes_per_client: C_cls, classes each client may receive, in [1, L].
     alpha: Dirichlet concentration (> 0).
+    min_size: every client must end with at least this many samples (>= 0).
 
   Returns:
-    K disjoint int64 index arrays covering all N samples, each of size >= 10
-    and with samples of at most C_cls classes.
+    K disjoint int64 index arrays covering all N samples, each of size >=
+    min_size and with samples of at most C_cls classes.
 
   Raises:
-    ValueError: alpha <= 0, N < 10 * K, bad C_cls (see :func:`class_sets`), or
-      no split met the size rule within MAX_ATTEMPTS attempts.
+    ValueError: alpha <= 0, min_size < 0, N < min_size * K, bad C_cls (see
+      :func:`class_sets`), or no split met the size rule within MAX_ATTEMPTS
+      attempts.
   """
   n = len(labels)
   if not (np.isfinite(alpha) and alpha > 0):
     raise ValueError(f"exdir.alpha={alpha}; allowed: a finite float > 0")
-  if n < MIN_CLIENT_SIZE * num_clients:
+  if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
+    raise ValueError(f"exdir.min_size={min_size!r}; allowed: an int >= 0")
+  if n < min_size * num_clients:
     raise ValueError(
         f"exdir: {n} samples cannot give num_clients={num_clients} clients "
-        f">= {MIN_CLIENT_SIZE} samples each; allowed: num_clients <= "
-        f"{n // MIN_CLIENT_SIZE}")
+        f">= min_size={min_size} samples each; allowed: num_clients <= "
+        f"{n // max(min_size, 1)} or a smaller min_size")
   held = class_sets(num_clients, num_classes, classes_per_client, rng)
   by_class = [rng.permutation(idx)
               for idx in class_indices(labels, num_classes)]
@@ -159,11 +164,11 @@ def exdir(labels: np.ndarray, num_clients: int, num_classes: int,
       owner[idx] = np.repeat(np.arange(num_clients), counts)
       sizes += counts
     smallest = int(sizes.min())
-    if smallest >= MIN_CLIENT_SIZE:
+    if smallest >= min_size:
       return split_by_owner(owner, num_clients)
   raise ValueError(
       f"exdir(classes_per_client={classes_per_client}, alpha={alpha}): no "
       f"split in {MAX_ATTEMPTS} attempts gave all {num_clients} clients >= "
-      f"{MIN_CLIENT_SIZE} samples (smallest client in the last draw: "
-      f"{smallest}); use a larger alpha, more classes_per_client or fewer "
-      f"clients")
+      f"min_size={min_size} samples (smallest client in the last draw: "
+      f"{smallest}); allowed: a larger alpha, more classes_per_client, fewer "
+      f"clients or a smaller min_size")

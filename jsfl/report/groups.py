@@ -32,7 +32,9 @@ COMPARED_EXEC_FIELDS = frozenset({"exec.precision"})
 # keys added after runs were written, at the value those runs computed: a
 # run with that value groups with the runs that do not have the key
 ADDED_AT = {"exec.precision": "float32", "optim.name": "sgd",
-            "optim.weight_decay_scope": "all"}
+            "optim.weight_decay_scope": "all",
+            # ExDir's (Dirichlet's has always been written, at this default)
+            "partition.min_size": 10}
 MISSING = "-"  # a config field a run does not have (e.g. another method's option)
 
 
