@@ -330,6 +330,31 @@ class Watch(NamedTuple):
   steps: int
 
 
+def _round_start(alg: SplitAlgorithm, setup, state, data, key):
+  """A round's plan, schedule, starting participants and their indices."""
+  plan = alg.plan(setup, state, data, key)
+  sched = alg.schedule(setup, state, plan, data)
+  return plan, sched, alg.client_init(state, plan), jnp.arange(setup.clients_per_round)
+
+
+def _segment(plan, data, who, segment) -> Step:
+  """One schedule segment's batches (every participant's; a ``src`` < 0
+  participant is masked out)."""
+  position, src, _ = segment
+  idx = plan.idx[jnp.maximum(src, 0), who]
+  mask = plan.mask[jnp.maximum(src, 0), who] & (src >= 0)[:, None]
+  x, y = gather(data, idx)
+  return Step(x, y, idx, mask, position)
+
+
+def _live_segments(plan, sched, who):
+  """Which segments hold any real batch (the others are skipped), and the
+  segments' positions."""
+  has = jnp.any(plan.mask, axis=2)  # (T, n)
+  live = jnp.any(has[jnp.maximum(sched.src, 0), who] & (sched.src >= 0), axis=1)
+  return live, jnp.arange(sched.src.shape[0], dtype=jnp.int32)
+
+
 def run_round(alg: SplitAlgorithm, setup, state, data, key,
               watch: Watch | None = None) -> SplitRound:
   """One round of a split method.
@@ -351,20 +376,11 @@ def run_round(alg: SplitAlgorithm, setup, state, data, key,
   """
   if watch is not None:
     return watched_round(alg, setup, state, data, key, watch)
-  plan = alg.plan(setup, state, data, key)
-  n = setup.clients_per_round
-  sched = alg.schedule(setup, state, plan, data)
-  clients = alg.client_init(state, plan)
-  who = jnp.arange(n)
-  has = jnp.any(plan.mask, axis=2)  # (T, n)
+  plan, sched, clients, who = _round_start(alg, setup, state, data, key)
 
   def one_segment(carry, segment):
-    position, src, order = segment
-    idx = plan.idx[jnp.maximum(src, 0), who]
-    mask = plan.mask[jnp.maximum(src, 0), who] & (src >= 0)[:, None]
-    x, y = gather(data, idx)
+    step, order = _segment(plan, data, who, segment), segment[2]
     stack, srv = carry
-    step = Step(x, y, idx, mask, position)
     current = stack if alg.client_select is None else alg.client_select(stack, plan, step)
     current, srv, lsum = segment_step(setup, setup.client_tx, current, srv, step, order,
                                       alg.server_rule(state, plan, step))
@@ -372,8 +388,7 @@ def run_round(alg: SplitAlgorithm, setup, state, data, key,
       current = alg.client_place(stack, current, plan, step)
     return (current, srv), lsum
 
-  live = jnp.any(has[jnp.maximum(sched.src, 0), who] & (sched.src >= 0), axis=1)
-  indices = jnp.arange(sched.src.shape[0], dtype=jnp.int32)
+  live, indices = _live_segments(plan, sched, who)
   (clients, srv), lsums = scan_live(
       one_segment, (clients, alg.server_init(state, plan)),
       (indices, sched.src, sched.order), live)
@@ -402,12 +417,7 @@ def watched_round(alg: SplitAlgorithm, setup, state, data, key, watch: Watch) ->
                      "serves the label cycle and whose participants train the global "
                      "part-1 in place; allowed: sfl and its variants but sfl_fedexp, "
                      "hydra")
-  plan = alg.plan(setup, state, data, key)
-  n = setup.clients_per_round
-  sched = alg.schedule(setup, state, plan, data)
-  clients = alg.client_init(state, plan)
-  who = jnp.arange(n)
-  has = jnp.any(plan.mask, axis=2)  # (T, n)
+  plan, sched, clients, who = _round_start(alg, setup, state, data, key)
   S = watch.steps
   label_of = data.dominant[plan.clients]  # (n,)
 
@@ -439,12 +449,8 @@ def watched_round(alg: SplitAlgorithm, setup, state, data, key, watch: Watch) ->
     return buf, labels, count, jnp.where(active, lab, obs[3])
 
   def one_segment(carry, segment):
-    position, src, order = segment
-    idx = plan.idx[jnp.maximum(src, 0), who]
-    mask = plan.mask[jnp.maximum(src, 0), who] & (src >= 0)[:, None]
-    x, y = gather(data, idx)
+    step, order = _segment(plan, data, who, segment), segment[2]
     stack, srv, obs = carry
-    step = Step(x, y, idx, mask, position)
     rule = alg.server_rule(state, plan, step)
     if not isinstance(rule, SequentialServer):
       raise ValueError("run.step_confusion: a split method whose server serves "
@@ -454,8 +460,7 @@ def watched_round(alg: SplitAlgorithm, setup, state, data, key, watch: Watch) ->
                                           order, rule, watch=(before_visit, obs))
     return (stack, srv, obs), lsum
 
-  live = jnp.any(has[jnp.maximum(sched.src, 0), who] & (sched.src >= 0), axis=1)
-  indices = jnp.arange(sched.src.shape[0], dtype=jnp.int32)
+  live, indices = _live_segments(plan, sched, who)
   (clients, srv, obs), lsums = scan_live(
       one_segment, (clients, alg.server_init(state, plan), obs0),
       (indices, sched.src, sched.order), live)
