@@ -91,20 +91,19 @@ vs_authors() {
     return
   fi
   # N seeds: N of their processes (cores / N torch threads each) against N slots.
-  # Estimated on an H100 from the figures in benchmarks/README.md: a small-CNN
-  # cell pair ~100 s, a MobileNetV1 pair ~170 s (their side: ~15 s start-up, a
-  # round's training launch-bound on the card and their evaluation on the CPU;
-  # jsfl's: start-up and a cold compilation of 20-70 s, then ~1 s a round).
-  # The part stops at 470 s; a cell pair is started only before its model's
-  # deadline (small CNN 2/5 of DEADLINE, MobileNetV1 DEADLINE, from the part's
-  # start), so each model gets SFL cyclic and Hydra cyclic follows where time
-  # is left (expected: both small-CNN cells and MobileNetV1's SFL, ~390 s).
+  # Measured on the H200 (results/gpu-h200-20261127/): the small-CNN pair
+  # took ~220 s (SFL cyclic ~110 s), MobileNetV1's SFL cyclic alone 239 s
+  # (their 8 processes ~140 s, jsfl's cold compilation ~60 s of its ~70 s).
+  # The part stops at 470 s; a cell is started only before its model's
+  # deadline (small CNN DEADLINE / 5, MobileNetV1 DEADLINE, from the part's
+  # start), so each model gets SFL cyclic (~350 s) and Hydra cyclic follows
+  # only where a later DEADLINE leaves time.
   local t0=$SECONDS n=${NSEEDS:-8} deadline=${DEADLINE:-300} used
   local budget=$((limit < 470 ? limit : 470)) threads=$(($(nproc) / n))
   local limit  # part's time limit, this model's share of the budget
   ((threads >= 1)) || threads=1
   local -A rounds=([small_cnn]=15 [mobilenet]=10)
-  local -A until=([small_cnn]=$((deadline * 2 / 5)) [mobilenet]=$deadline)
+  local -A until=([small_cnn]=$((deadline / 5)) [mobilenet]=$deadline)
   for model in small_cnn mobilenet; do
     used=$((SECONDS - t0))
     limit=$((budget - used))
