@@ -147,6 +147,9 @@ def _parser() -> argparse.ArgumentParser:
   q.add_argument("--seed", type=int, default=0, help="partition seed")
   q.add_argument("--data-dir", default=None, help="dataset directory")
   q.add_argument("--out", default=None, help="write the counts as JSON here")
+  q.add_argument("--plot", default=None, metavar="PNG",
+                 help="draw the counts here: a bar per client stacked by label "
+                 "(Hydra Fig. 8; needs matplotlib)")
   for name, help_, desc in (("report", "tables of runs (markdown, CSV)", REPORT_HELP),
                             ("plot", "PNG plots of runs", PLOT_HELP)):
     t = sub.add_parser(name, help=help_, description=desc,
@@ -320,6 +323,16 @@ def cmd_partition(args) -> int:
   from jsfl.data import load_dataset
   if args.out:
     _check_out_file(args.out, "--out")
+  if args.plot:
+    _check_out_file(args.plot, "--plot")
+    if not args.plot.endswith(".png"):
+      return _fail(f"--plot={args.plot!r}; allowed: a path ending in .png")
+    from jsfl import plots
+    try:
+      plots.require_matplotlib()
+    except plots.MissingDependency as e:  # as `jsfl plot`: not bad input
+      print(f"jsfl: error: {e}", file=sys.stderr)
+      return 1
   if args.clients < 1:
     return _fail(f"--clients={args.clients}; allowed: an int >= 1")
   try:
@@ -345,6 +358,12 @@ def cmd_partition(args) -> int:
                                  **({"dataset_options": data_opts} if data_opts else {}),
                                  "label_counts": counts, "sizes": counts.sum(1)})
     print(f"saved {args.out}")
+  if args.plot:
+    opts_text = "".join(f" {k}={v}" for k, v in opts.items())
+    plots.label_count_bars(counts, plots.dataset_label_names(args.dataset, L),
+                           f"{args.dataset}: {args.name}{opts_text}, {args.clients} clients "
+                           f"(seed {args.seed})", args.plot)
+    print(f"saved {args.plot}")
   return 0
 
 

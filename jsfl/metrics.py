@@ -18,6 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+# numpy only, so that plots and reports, which import no jax, share it
+from jsfl.statistics import backward_transfer  # noqa: F401
+
 
 def per_label_accuracy(pred: jax.Array, labels: jax.Array, num_classes: int,
                        mask: jax.Array | None = None
@@ -83,39 +86,6 @@ def performance_gap(acc: ArrayLike, present: ArrayLike | None = None
   return jnp.where(count > 0, best - mean, 0.0)
 
 
-def backward_transfer(history, present=None) -> float | None:
-  """``BW = mean_l max_{r<R} (A_l^r - A_l^R)``, percentage points.
-
-  Hydra Eq. 1 (from Lee et al. 2022) over the rounds evaluated so far, the
-  last row being round R.  Positive values measure forgetting (a label was
-  better at some earlier round than now); the value may be negative when every
-  label is at its best now, and is not clipped.
-
-  Args:
-    history: ``(R_eval, L)`` per-label accuracy in percent, one row per
-      evaluated round, oldest first.
-    present: optional ``(L,)`` bool; only these labels enter the mean (labels
-      absent from the test set have accuracy 0 throughout and would pull BW
-      towards 0).
-
-  Returns:
-    BW as a float, or None with fewer than two evaluated rounds.
-  """
-  h = np.asarray(history, np.float64)
-  if h.ndim != 2:
-    raise ValueError(f"history shape {h.shape}; allowed: (R_eval, L)")
-  if h.shape[0] < 2:
-    return None
-  drop = np.max(h[:-1] - h[-1], axis=0)
-  if present is not None:
-    present = np.asarray(present, bool)
-    if present.shape != drop.shape:
-      raise ValueError(f"present shape {present.shape}; allowed: "
-                       f"{drop.shape}")
-    if not present.any():
-      return None
-    drop = drop[present]
-  return float(np.mean(drop))
 
 
 def per_position_accuracy(acc: ArrayLike, label_order) -> np.ndarray | jax.Array:

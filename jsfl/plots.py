@@ -19,7 +19,11 @@ runs that differ only in their seeds are pooled).  The plots:
   :func:`landscape_contour` draws one file's loss and accuracy.
 * ``confusion_steps_<group>.png``: runs with ``run.step_confusion``: the
   test-set confusion matrix after each step of the last recorded round, a row
-  of heatmaps (the group's first run and seed; Hydra Fig. 11).
+  of heatmaps (the group's first run and seed; Hydra Fig. 11);
+* ``classwise_steps_<group>.png``: the same runs' per-class test accuracy
+  after every recorded step, the recorded rounds one after another, with the
+  forgetting measure of the sequence (the group's first run and seed; SFedKD
+  Fig. 1).
 
 Every figure has a fixed size (``SIZES`` at ``DPI``), so a plot's pixel size
 does not depend on the data.
@@ -36,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jsfl import report
+from jsfl import report, statistics
 
 DPI = 100
 SIZES = {  # inches; pixels = inches * DPI
@@ -48,6 +52,7 @@ SIZES = {  # inches; pixels = inches * DPI
     "landscape": (11.0, 4.8),
     "landscapes": (12.0, 4.8),
     "step_confusion": (16.0, 4.0),
+    "step_accuracy": (12.0, 4.5),
 }
 STEP_CONFUSION = "confusion_steps.npz"  # jsfl.train.records.STEP_CONFUSION
 MAX_STEP_PANELS = 10  # heatmaps in the row: the round's first steps
@@ -127,10 +132,7 @@ def _by_round(records, key):
 
 
 def _label_names(group: report.Group, num_labels: int) -> list[str]:
-  names = LABEL_NAMES.get(group.config.get("dataset", {}).get("name", ""))
-  if names and len(names) == num_labels:
-    return [f"{i} {n}" for i, n in enumerate(names)]
-  return [str(i) for i in range(num_labels)]
+  return dataset_label_names(group.config.get("dataset", {}).get("name", ""), num_labels)
 
 
 def _ticks(n: int, most: int = 20) -> np.ndarray:
@@ -265,11 +267,22 @@ def partition_bars(group: report.Group, path: str) -> str | None:
   counts = np.asarray(seeds[0]["label_counts"], float)
   if counts.ndim != 2:
     return None
+  p = dict(group.config.get("partition", {}))
+  desc = p.pop("name", "partition") + "".join(
+      f" {k}={v}" for k, v in p.items() if k != "num_clients")
+  return label_count_bars(counts, _label_names(group, counts.shape[1]),
+                          f"partition: {desc}, {counts.shape[0]} clients "
+                          f"(seed {seeds[0].get('seed', 0)})", path)
+
+
+def label_count_bars(counts, names: Sequence[str], title: str, path: str) -> str:
+  """Per client a bar of its training samples stacked by label (Hydra Fig.
+  8); ``counts`` ``(K, L)``, the legend only up to 20 labels."""
+  counts = np.asarray(counts, float)
   K, L = counts.shape
   fig = _figure("partition")
   ax = fig.subplots()
   colors = _colors(L)
-  names = _label_names(group, L)
   bottom = np.zeros(K)
   x = np.arange(K)
   for label in range(L):
@@ -281,12 +294,16 @@ def partition_bars(group: report.Group, path: str) -> str | None:
   ax.set_ylabel("training samples")
   if L <= 20:
     ax.legend(title="label", fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-  p = dict(group.config.get("partition", {}))
-  desc = p.pop("name", "partition") + "".join(
-      f" {k}={v}" for k, v in p.items() if k != "num_clients")
-  ax.set_title(f"partition: {desc}, {K} clients (seed {seeds[0].get('seed', 0)})",
-               fontsize=10)
+  ax.set_title(title, fontsize=10)
   return _save(fig, path)
+
+
+def dataset_label_names(dataset: str, num_labels: int) -> list[str]:
+  """``"<i> <name>"`` where jsfl knows the dataset's class names, else ``"<i>"``."""
+  names = LABEL_NAMES.get(dataset)
+  if names and len(names) == num_labels:
+    return [f"{i} {n}" for i, n in enumerate(names)]
+  return [str(i) for i in range(num_labels)]
 
 
 def accuracy_vs_communication(groups: Sequence[report.Group], path: str) -> str | None:
@@ -379,6 +396,44 @@ def step_confusion(group: report.Group, path: str) -> str | None:
   return _save(fig, path)
 
 
+def step_accuracy(group: report.Group, path: str) -> str | None:
+  """Per-class test accuracy after each recorded step (SFedKD Fig. 1 (a),
+  (b)): the group's first run with ``confusion_steps.npz``, its first seed,
+  the recorded rounds' steps in order, a line per class, round boundaries
+  dotted; the title gives the forgetting measure over the whole sequence
+  (BW with the steps as rows, :func:`jsfl.statistics.backward_transfer`)."""
+  found = next(((run, d) for run in group.runs
+                if (d := read_step_confusion(run.path)) is not None), None)
+  if found is None:
+    return None
+  run, d = found
+  counts = [int(c) for c in d["steps"][:, 0]]
+  acc = np.concatenate([statistics.class_accuracy(d["confusion"][i, 0, :c])
+                        for i, c in enumerate(counts)])
+  if len(acc) < 2:
+    return None
+  L = acc.shape[1]
+  names = _label_names(group, L)
+  fig = _figure("step_accuracy")
+  ax = fig.add_subplot(1, 1, 1)
+  x = np.arange(1, len(acc) + 1)
+  for c in range(L):
+    ax.plot(x, acc[:, c], lw=1.0, label=names[c])
+  for b in np.cumsum(counts)[:-1]:
+    ax.axvline(b + 0.5, color="0.6", ls=":", lw=0.8)
+  ax.set_xlabel("step (a sequential method: one client's training)")
+  ax.set_ylabel("test accuracy of the class (%)")
+  ax.set_ylim(0, 100)
+  if L <= 20:  # a hundred classes' names would bury the lines
+    _legend(fig, ax, L)
+  rounds = ", ".join(str(int(r)) for r in d["round"])
+  title = (f"per-class accuracy after each step of rounds {rounds} (seed "
+           f"{int(d['seed'][0])}; forgetting measure "
+           f"{statistics.backward_transfer(acc):.2f}): {group.label or run.name}")
+  ax.set_title(textwrap.fill(title, 110), fontsize=9)
+  return _save(fig, path)
+
+
 def plot_groups(groups: Sequence[report.Group], out_dir: str, last: int = 5) -> list[str]:
   """Writes every plot that applies to ``groups`` into ``out_dir``.
 
@@ -405,6 +460,7 @@ def plot_groups(groups: Sequence[report.Group], out_dir: str, last: int = 5) -> 
   out.append(landscapes(groups, os.path.join(out_dir, "landscape.png")))
   for g in groups:
     out.append(step_confusion(g, os.path.join(out_dir, f"confusion_steps_{g.slug}.png")))
+    out.append(step_accuracy(g, os.path.join(out_dir, f"classwise_steps_{g.slug}.png")))
   return [p for p in out if p]
 
 

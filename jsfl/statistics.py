@@ -118,5 +118,48 @@ def summarize(records: Sequence[dict], keys: Sequence[str] = ("accuracy", "loss"
   return {k: across_seeds(per_seed_figures(records, k, last), ddof) for k in keys}
 
 
-# ---------------------------------------------------------------------------
-# Reading run directories
+def class_accuracy(confusion: np.ndarray) -> np.ndarray:
+  """Per-class accuracy in percent from confusion matrices ``(..., L, L)``
+  (row = true label): the diagonal over the row sums, ``(..., L)``; a class
+  with no test sample counts as 0."""
+  c = np.asarray(confusion, float)
+  return 100.0 * np.diagonal(c, axis1=-2, axis2=-1) / np.maximum(c.sum(-1), 1.0)
+
+
+def backward_transfer(history, present=None) -> float | None:
+  """``BW = mean_l max_{r<R} (A_l^r - A_l^R)``, percentage points.
+
+  Hydra Eq. 1 (from Lee et al. 2022) over the rounds evaluated so far, the
+  last row being round R.  With the rows the steps of a training sequence it
+  is the forgetting measure of Chaudhry et al. ("Riemannian Walk for
+  Incremental Learning", ECCV 2018) with each label as a task (SFedKD Fig.
+  1(d); :func:`class_accuracy` gives the rows from confusion matrices).
+  Positive values measure forgetting (a label was better at some earlier
+  round than now); the value may be negative when every label is at its
+  best now, and is not clipped.
+
+  Args:
+    history: ``(R_eval, L)`` per-label accuracy in percent, one row per
+      evaluated round, oldest first.
+    present: optional ``(L,)`` bool; only these labels enter the mean (labels
+      absent from the test set have accuracy 0 throughout and would pull BW
+      towards 0).
+
+  Returns:
+    BW as a float, or None with fewer than two evaluated rounds.
+  """
+  h = np.asarray(history, np.float64)
+  if h.ndim != 2:
+    raise ValueError(f"history shape {h.shape}; allowed: (R_eval, L)")
+  if h.shape[0] < 2:
+    return None
+  drop = np.max(h[:-1] - h[-1], axis=0)
+  if present is not None:
+    present = np.asarray(present, bool)
+    if present.shape != drop.shape:
+      raise ValueError(f"present shape {present.shape}; allowed: "
+                       f"{drop.shape}")
+    if not present.any():
+      return None
+    drop = drop[present]
+  return float(np.mean(drop))

@@ -134,6 +134,23 @@ def test_partition_command(tmp_path, capsys):
   assert "p=7" in capsys.readouterr().err
 
 
+def test_partition_plot(tmp_path, capsys):
+  """`jsfl partition --plot` draws the label counts (Hydra Fig. 8); a bad
+  file name is one line, exit 2, nothing written."""
+  pytest.importorskip("matplotlib")
+  png = tmp_path / "fig8.png"
+  assert cli.main(["partition", "synthetic", "dominant_label", "--clients", "10", "p=0.6",
+                   "--plot", str(png)]) == 0
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  capsys.readouterr()
+  bad = tmp_path / "fig8.jpg"
+  assert cli.main(["partition", "synthetic", "dominant_label", "p=0.6",
+                   "--plot", str(bad)]) == 2
+  err = capsys.readouterr().err
+  assert "--plot=" in err and ".png" in err and len(err.strip().splitlines()) == 1
+  assert not bad.exists()
+
+
 @pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
                     reason="Debian's dataset-fashion-mnist is not installed")
 def test_small_fashion_mnist_run(tmp_path):

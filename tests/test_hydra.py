@@ -541,15 +541,39 @@ def test_step_confusion_run_directory_and_plot(tmp_path):
   assert str(tmp_path / "plots" / "confusion_steps_hydra.png") in pngs
 
 
+def test_step_confusion_of_a_sequential_run(tmp_path):
+  """FedSeq in a random order (SFedKD Fig. 1): one step per client of the
+  round; the last client's matrix is the round's evaluation; the plot draws
+  it."""
+  out = tmp_path / "r"
+  code = cli.main(["run", *SYN, f"run.dir={out}", "run.rounds=2", "run.seeds=2",
+                   "partition.num_clients=4", "method.name=fedseq", "method.order=random",
+                   "run.step_confusion=true"])
+  assert code == 0
+  with np.load(out / "confusion_steps.npz") as d:
+    assert d["round"].tolist() == [2]
+    conf_, steps, labels = d["confusion"], d["steps"], d["labels"]
+  assert conf_.shape == (1, 2, 4, 4, 4) and np.all(steps == 4)  # S = the 4 clients
+  assert np.all(conf_.sum((-2, -1)) == 100) and np.all(labels >= 0)
+  last = [r for r in read_metrics(f"{out}/metrics.jsonl") if r["round"] == 2]
+  for i, r in enumerate(last):
+    cm = conf_[0, i, 3]
+    np.testing.assert_allclose(r["accuracy"], 100 * np.trace(cm) / cm.sum(), atol=1e-4)
+  pytest.importorskip("matplotlib")
+  pngs, _ = plots.plot_runs([str(out)], str(tmp_path / "plots"))
+  assert any("confusion_steps_" in p for p in pngs)
+  assert any("classwise_steps_" in p for p in pngs)
+
+
 @pytest.mark.parametrize("method,order,why", [
     ("sfl", "random", "run.step_confusion=true with method.order='random'"),
     ("sfl_fedexp", "cyclic", "run.step_confusion=true with method.name='sfl_fedexp'"),
     ("splitfedv1", "cyclic", "run.step_confusion=true with method.name='splitfedv1'"),
-    ("fedseq", "cyclic", "run.step_confusion=true with method.name='fedseq'")])
+    ("fedavg", "cyclic", "run.step_confusion=true with method.name='fedavg'")])
 def test_step_confusion_needs_a_watchable_round(tmp_path, capsys, method, order, why):
-  """A cyclic order on a method whose sequential server serves the label
-  cycle and whose participants' part-1 copies are aggregated; refused before
-  anything is written otherwise."""
+  """A sequential method, or a cyclic order on a split method whose
+  sequential server serves the label cycle and whose participants' part-1
+  copies are aggregated; refused before anything is written otherwise."""
   code = cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}", f"method.name={method}",
                    f"method.order={order}", "run.step_confusion=true"])
   assert code == 2

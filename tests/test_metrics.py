@@ -150,3 +150,16 @@ def test_summarize_last_none_and_errors():
     metrics.summarize([{"round": 1, "accuracy": 1.0}])
   with pytest.raises(ValueError, match="last=0"):
     metrics.summarize(recs, last=0)
+
+
+def test_class_accuracy_and_forgetting_of_a_step_sequence():
+  """Per-class accuracy from confusion matrices (rows = true labels) and BW
+  over a sequence of steps (the forgetting measure of SFedKD Fig. 1(d))."""
+  from jsfl.statistics import class_accuracy
+  conf = np.array([[[8, 2], [5, 5]],    # step 1: 80%, 50%
+                   [[10, 0], [9, 1]],   # step 2: 100%, 10%
+                   [[4, 6], [0, 0]]])   # step 3: 40%, no sample -> 0
+  acc = class_accuracy(conf)
+  np.testing.assert_allclose(acc, [[80, 50], [100, 10], [40, 0]])
+  # label 0: best earlier 100 - 40 = 60; label 1: 50 - 0 = 50
+  assert metrics.backward_transfer(acc) == pytest.approx(55.0)

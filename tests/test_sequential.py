@@ -369,9 +369,10 @@ def ref_mkd_grad(model, p, s, x, y, m, tl, rule, lam, t):
   return ce, ns, g
 
 
-def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None):
+def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None, steps=None):
   """FedSeq / SFedKD (``kd``; with ``kd["rule"]`` a KD baseline's loss
-  instead of DKD) / CWC (``cwc_opts``) with plain loops."""
+  instead of DKD) / CWC (``cwc_opts``) with plain loops; ``steps``, a list,
+  gets each round's ``(students, [(params, stats) after each student])``."""
   model = setup.model
   st = mod.init(setup, key)
   params, stats = st.params, st.stats
@@ -426,6 +427,8 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None):
         fisher = jax.tree.map(lambda *a: sum(a) / len(a), *sq)
         importance = jax.tree.map(jnp.add, importance, fisher)
     prev_models, prev_clients = models, students
+    if steps is not None:
+      steps.append((students, models))
     losses.append(lsum / mask.sum())
   return (params, stats, importance), losses, logs
 
@@ -456,6 +459,46 @@ def test_fedseq_equals_loop():
   kd0, l0 = run_rounds(sfedkd, seq_setup(data, options=SFedKDOptions(num_teachers=0)), data, key, 2)
   chex.assert_trees_all_close(kd0.params, state.params, **TOL)
   np.testing.assert_allclose(l0, losses, **TOL)
+
+
+@pytest.mark.parametrize("mod,steps", [(fedseq, 2), (sfedkd, 4)], ids=["fedseq", "sfedkd"])
+def test_watched_sequential_round_equals_loop(mod, steps):
+  """``run.step_confusion`` on a sequential method (SFedKD Fig. 1): the
+  watched round's model after each client equals the loop's model after
+  that client (SFedKD in its second round, with teachers), the labels are
+  the clients' dominant labels in training order, ``steps`` below the
+  round's 3 clients keeps the first ones and above them pads; the watched
+  round leaves the plain round's state and metrics."""
+  data = make_fed_data(DATA_SIZES)
+  kw = {"options": SFedKDOptions(num_teachers=KD["m"])} if mod is sfedkd else {}
+  setup = seq_setup(data, **kw)
+  key = jax.random.key(9)
+  rounds = mod.build(setup)
+  state = mod.init(setup, key)
+  plain = jax.jit(lambda s, k: rounds.round(s, data, k))
+  state, _ = plain(state, jax.random.fold_in(key, 0))
+  k1 = jax.random.fold_in(key, 1)
+  new, m, sm = jax.jit(lambda s, k: rounds.watched_round(s, data, k, mod.output_model,
+                                                         steps))(state, k1)
+  ref_new, ref_m = plain(state, k1)
+  chex.assert_trees_all_close(new, ref_new, **TOL)
+  chex.assert_trees_all_close(m, ref_m, **TOL)
+
+  log = []
+  ref_sequential(mod, setup, data, key, 2, kd=KD if mod is sfedkd else None, steps=log)
+  students, models = log[1]
+  count = min(steps, len(students))
+  assert int(sm.num_steps) == count
+  np.testing.assert_array_equal(sm.labels[:count], np.asarray(data.dominant)[students[:count]])
+  assert np.all(np.asarray(sm.labels[count:]) == -1)
+  for j in range(count):
+    got = jax.tree.map(lambda a, j=j: a[j], sm.models)
+    chex.assert_trees_all_close(got, models[j], **TOL)
+  for j in range(count, steps):
+    assert all(not np.any(a[j]) for a in jax.tree.leaves(sm.models))
+  if count == len(students):  # the last client's model is the round's
+    last = jax.tree.map(lambda a: a[count - 1], sm.models)
+    chex.assert_trees_all_close(last, mod.output_model(setup, new), **TOL)
 
 
 KD = {"m": 2, "alpha": 1.0, "beta": 8.0, "t": 4.0}

@@ -163,6 +163,16 @@ class SequentialAlgorithm:
   keep_models: bool = False
 
 
+class StepModels(NamedTuple):
+  """The models of a watched sequential round after each of its first ``S``
+  clients (the split engine's :class:`jsfl.engine.split.StepModels` with a
+  step = one client's training)."""
+
+  models: Any           # (S, ...) the model after client s (zeros past ``num_steps``)
+  labels: jax.Array     # (S,) that client's dominant label (-1 past ``num_steps``)
+  num_steps: jax.Array  # steps recorded, min(S, clients in the round)
+
+
 class SequenceRound(NamedTuple):
   """A sequential round's outcome, before the method writes its next state."""
 
@@ -215,6 +225,36 @@ class SequentialRounds:
   def round(self, state, data, key):
     return self.finish(self.setup, state, run_round(self.algorithm, self.setup, state,
                                                     data, key))
+
+  def watched_round(self, state, data, key, output_model: Callable, steps: int):
+    """:meth:`round` that also returns the model after each of the round's
+    first ``steps`` clients (``run.step_confusion``; a step is one client's
+    training), as a :class:`jsfl.engine.split.StepModels`-shaped triple
+    ``(models, labels, num_steps)``: ``models`` ``(steps, ...)``, each
+    ``output_model(setup, state)`` of the state the round would leave had
+    it ended after that client (zeros past ``num_steps``); ``labels`` the
+    dominant label of each step's client (-1 past ``num_steps``).  The
+    sequence's models are the ones ``keep_models`` stacks, so the round
+    itself is the plain round's."""
+    alg = dataclasses.replace(self.algorithm, keep_models=True)
+    out = run_round(alg, self.setup, state, data, key)
+    new, metrics = self.finish(self.setup, state, out)
+    n = out.seq.shape[0]
+    count = min(n, steps)
+
+    def after(m):
+      p, s = jax.tree.map(lambda a: a[m], out.models)
+      return output_model(self.setup, self.finish(self.setup, state,
+                                                  out._replace(params=p, stats=s))[0])
+
+    models = lax.map(after, jnp.arange(count))
+    if count < steps:
+      models = jax.tree.map(
+          lambda a: jnp.concatenate([a, jnp.zeros((steps - count,) + a.shape[1:], a.dtype)]),
+          models)
+    labels = data.dominant[out.plan.clients[out.seq[:count]]].astype(jnp.int32)
+    labels = jnp.concatenate([labels, jnp.full((steps - count,), -1, jnp.int32)])
+    return new, metrics, StepModels(models, labels, jnp.asarray(count, jnp.int32))
 
 
 def communication(setup: Setup, samples: int):

@@ -19,7 +19,7 @@ from jsfl.core import sharding
 from jsfl.core.data import RoundData, hyper_of
 from jsfl.core.setup import Setup
 from jsfl.data import load_dataset
-from jsfl.engine import split
+from jsfl.engine import sequential, split
 from jsfl.methods.catalog import get_method
 from jsfl.models import get_model, layers
 from jsfl.models.base import model_factory
@@ -167,11 +167,11 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
 
 
 def check_split_options(conf: config_types.Config, setup: Setup, method, mesh) -> None:
-  """The options that need a method on the split round
-  (:class:`jsfl.engine.split.SplitRounds`): ``optim.weight_decay_scope =
-  "part2"`` (a part-2 apart from the clients' part-1) and
-  ``run.step_confusion`` (its steps are the sequential server's visits; one
-  device).
+  """The options that need a method on the split (or sequential) round:
+  ``optim.weight_decay_scope = "part2"`` (a part-2 apart from the clients'
+  part-1, :class:`jsfl.engine.split.SplitRounds`) and ``run.step_confusion``
+  (its steps are the split server's label-cycle visits or a sequential
+  round's clients; one device).
 
   Raises:
     ConfigError: naming the option and what allows it.
@@ -185,11 +185,18 @@ def check_split_options(conf: config_types.Config, setup: Setup, method, mesh) -
         f"method.name={name!r}; allowed: 'all', or a split method with a server-side "
         "part-2 (sfl and its variants, hydra, mergesfl, splitfedv1/v3, multisfl)")
   if conf.run.step_confusion:
-    if not (isinstance(rounds, split.SplitRounds) and split.watchable(rounds.algorithm)):
+    on_sequence = isinstance(rounds, sequential.SequentialRounds)
+    if not (on_sequence or on_split and split.watchable(rounds.algorithm)):
       raise config_lib.ConfigError(
-          f"run.step_confusion=true with method.name={name!r}; allowed: a split "
-          "method whose sequential server serves the label cycle (sfl and its "
-          "variants but sfl_fedexp, hydra)")
+          f"run.step_confusion=true with method.name={name!r}; allowed: a sequential "
+          "method (fedseq, sfedkd, cwc) or a split method whose sequential server "
+          "serves the label cycle (sfl and its variants but sfl_fedexp, hydra)")
+    order = conf.method.order
+    if on_split and order not in ("cyclic", "cyclic_reverse"):
+      raise config_lib.ConfigError(
+          f"run.step_confusion=true with method.order={order!r} on {name!r}; allowed: a "
+          "cyclic order (cyclic, cyclic_reverse), whose steps serve one dominant label "
+          "each (a sequential method's steps are its clients, in any order)")
     if mesh != (1, 1):
       raise config_lib.ConfigError(
           f"run.step_confusion=true on a mesh of {mesh[0]} x {mesh[1]} devices; "

@@ -16,6 +16,7 @@ from jax import lax
 from jsfl.core import sharding
 from jsfl.core.data import SHARED_FIELDS, SLOT_FIELDS, RoundData
 from jsfl.core.method import CountingBytes
+from jsfl.engine.sequential import SequentialRounds
 from jsfl.train.evaluate import confusion, evaluate, evaluate_logits
 
 UNROLL_MAX_CLIENTS = 32  # beyond this an unrolled client loop makes compiling slow
@@ -153,7 +154,9 @@ def build_step_program(exp):
   """The round program of ``run.step_confusion``: the run's round (the
   same state and metrics) that also returns, per slot, the test-set
   confusion matrix after each of the round's first ``run.step_confusion_steps``
-  steps (``jsfl.engine.split.SplitRounds.watched_round``): ``confusion``
+  steps (``jsfl.engine.split.SplitRounds.watched_round``; a sequential
+  method's steps are its clients,
+  ``jsfl.engine.sequential.SequentialRounds.watched_round``): ``confusion``
   ``(S, L, L)`` (zeros past ``count``), ``labels`` ``(S,)`` the dominant label
   each step served, ``count``.  The step models are held through the round
   and evaluated after it by a ``lax.map`` over the steps.  Called as
@@ -162,7 +165,9 @@ def build_step_program(exp):
   setup, method = exp.setup.static(), exp.method
   algorithm = method.build(setup)
   counting = CountingBytes(algorithm, setup, method.communication)
-  steps = exp.config.run.step_confusion_steps or setup.num_classes
+  steps = exp.config.run.step_confusion_steps or (
+      setup.clients_per_round if isinstance(algorithm, SequentialRounds)
+      else setup.num_classes)
 
   def one(state, slot, key, shared, test):
     state, m, sm = algorithm.watched_round(state, round_data(slot, shared), key,
