@@ -15,7 +15,8 @@
 #          where torch or .gpu_carry (the authors' adapted clone, Fashion-MNIST) is not there.
 # Env: OUT (benchmarks/results/gpu-<host>-<date>), PYTHON (python), LIMIT (540 s a part;
 #      vs_authors: 470 s at most, in all), DEADLINE (fill, seed_kernels: no cell started
-#      after it, 400 s; vs_authors: 300 s); vs_authors: PY (the authors' python, python3),
+#      after it, 400 s; vs_authors: 300 s); fill: FILL_CELLS (MODEL:SEEDS:LOWERING words
+#      instead of the whole grid); vs_authors: PY (the authors' python, python3),
 #      CLONE (.gpu_carry/Hydra), FMNIST_DIR (.gpu_carry/fmnist), NSEEDS (8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -145,7 +146,10 @@ for p in "${parts[@]}"; do
         part fill fill.py --smoke
       else  # ~30-60 s a cell on an H100/H200 (compilation most of it); the most
         # telling cells first, none started after DEADLINE (default 400 s)
-        part fill fill.py --deadline "${DEADLINE:-400}" --cell-timeout 180
+        # FILL_CELLS: "model:seeds:lowering ..." instead of the whole grid
+        # shellcheck disable=SC2086  # the cells are words
+        part fill fill.py --deadline "${DEADLINE:-400}" --cell-timeout 180 \
+          ${FILL_CELLS:+--cells $FILL_CELLS}
       fi ;;
     seed_kernels)  # the server visit alone under each lowering (benchmarks/seed_kernels.py)
       if ((smoke)); then
