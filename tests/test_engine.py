@@ -117,8 +117,10 @@ def test_every_round_returns_its_bytes():
   up, down = sfl.communication(setup, int(m["samples"]))
   np.testing.assert_allclose([m["bytes_up"], m["bytes_down"]], [up, down], rtol=1e-7)
   setup = setup.replace(options=multisfl.METHOD.options())
-  _, own = multisfl.round(setup, multisfl.init(setup, key), data, key)
-  _, m = multisfl.METHOD.round(setup, multisfl.init(setup, key), data, key)
+  _, own = jax.jit(lambda s, k: multisfl.round(setup, s, data, k))(
+      multisfl.init(setup, key), key)
+  _, m = jax.jit(lambda s, k: multisfl.METHOD.round(setup, s, data, k))(
+      multisfl.init(setup, key), key)
   assert float(m["bytes_up"]) == float(own["bytes_up"])
   assert float(m["bytes_up"]) > multisfl.communication(setup, int(m["samples"]))[0]
 
