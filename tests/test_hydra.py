@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_fed_data
+from conftest import load_script, make_fed_data
 from loop_reference import (
   TOL,
   RefServer,
@@ -559,6 +559,18 @@ def test_step_confusion_of_a_sequential_run(tmp_path):
   for i, r in enumerate(last):
     cm = conf_[0, i, 3]
     np.testing.assert_allclose(r["accuracy"], 100 * np.trace(cm) / cm.sum(), atol=1e-4)
+  # experiments/sequential/forgetting.py reads it back: per seed BW over the
+  # 4 steps of the class accuracies, the last step's accuracy the round's
+  forgetting = load_script("experiments/sequential/forgetting.py")
+  assert forgetting.main([str(tmp_path), "--out", str(tmp_path / "f.json")]) == 0
+  got = json.load(open(tmp_path / "f.json"))["r"]
+  assert forgetting.main([str(tmp_path / "none")]) == 2
+  for i, r in enumerate(last):
+    acc = 100.0 * np.diagonal(conf_[0, i], axis1=-2, axis2=-1) / conf_[0, i].sum(-1)
+    fig = got["per_seed"][str(r["seed"])]
+    np.testing.assert_allclose(fig["forgetting"], np.mean(acc[:-1].max(0) - acc[-1]),
+                               atol=1e-9)
+    np.testing.assert_allclose(fig["final_accuracy"], r["accuracy"], atol=1e-4)
   pytest.importorskip("matplotlib")
   pngs, _ = plots.plot_runs([str(out)], str(tmp_path / "plots"))
   assert any("confusion_steps_" in p for p in pngs)
