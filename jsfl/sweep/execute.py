@@ -38,6 +38,7 @@ def split_batch(unit: Unit) -> list[str]:
   metrics.jsonl keeps the program's lines of the cell byte for byte (they
   carry ``cell``); partition.json and method artifacts are the cell's;
   config.json is the cell's own config with a ``batched_with`` note;
+  ``confusion_steps.npz`` (``run.step_confusion``) keeps the cell's slots;
   summary.json is computed as a run computes it.  A cell whose slot
   diverged keeps the records before (with ``run.on_divergence = stop_run``
   only up to the round the divergence stopped it at), its summary names the
@@ -48,6 +49,7 @@ def split_batch(unit: Unit) -> list[str]:
     The names of the cells that diverged.
   """
   from jsfl import train
+  from jsfl.train.records import cell_step_confusion
   src = unit.dir
   meta = read_json(os.path.join(src, "config.json"))
   summ = read_json(os.path.join(src, "summary.json")) or {}
@@ -89,6 +91,7 @@ def split_batch(unit: Unit) -> list[str]:
         shutil.copytree(os.path.join(art, n), os.path.join(tmp, n))
       else:
         shutil.copyfile(os.path.join(art, n), os.path.join(tmp, n))
+    cell_step_confusion(src, tmp, cell.name)  # run.step_confusion's matrices, its slots
     if os.path.isdir(os.path.join(src, train.PROFILE_DIR)):  # one trace of all the cells
       shutil.copytree(os.path.join(src, train.PROFILE_DIR), os.path.join(tmp, train.PROFILE_DIR))
     mine = [line for c, line in lines if c == cell.name]

@@ -242,3 +242,23 @@ def write_step_confusion(out: str, exp, r: int, sc: dict) -> str:
   arrays["cell"] = np.array([s.cell or "" for s in exp.slots])
   rundir.write_npz_atomic(path, arrays)
   return path
+
+
+def cell_step_confusion(src: str, dst: str, cell: str) -> bool:
+  """Writes the slots of ``cell`` of the program directory ``src``'s
+  ``confusion_steps.npz`` into ``dst``'s (a sweep splitting a finished
+  program into its cells); False when ``src`` has none or no slot of
+  ``cell``."""
+  path = os.path.join(src, STEP_CONFUSION)
+  if not os.path.isfile(path):
+    return False
+  with np.load(path) as f:
+    arrays = {k: f[k] for k in f.files}
+  mine = arrays["cell"] == cell
+  if not mine.any():
+    return False
+  per_slot = ("confusion", "labels", "steps")  # (rounds, slots, ...)
+  out = {k: (v[:, mine] if k in per_slot else v[mine] if k in ("seed", "cell") else v)
+         for k, v in arrays.items()}
+  rundir.write_npz_atomic(os.path.join(dst, STEP_CONFUSION), out)
+  return True
