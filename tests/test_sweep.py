@@ -422,6 +422,31 @@ def test_cells_of_one_program_equal_single_runs(tmp_path, monkeypatch):
   assert all(sweep.status(c) == "done" for c in sw.cells)
 
 
+def test_cells_of_one_program_keep_their_step_confusion(tmp_path):
+  """``run.step_confusion`` in a sweep: the program's ``confusion_steps.npz``
+  is split with its cells, each keeping its own slots' matrices."""
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
+[grid]
+"run.seed" = [0, 2]
+""", base=BASE + '"run.seeds" = 2\n"method.name" = "fedseq"\n"method.order" = "random"\n'
+      '"run.step_confusion" = true\n"run.step_confusion_rounds" = [1, 2]\n')
+  assert cli.main(["sweep", path, "--quiet"]) == 0
+  sw = sweep.load_sweep(path)
+  sweep.resolve(sw)
+  mats = {}
+  for cell in sw.cells:
+    with np.load(os.path.join(cell.dir, "confusion_steps.npz")) as d:
+      assert d["cell"].tolist() == [cell.name] * 2
+      assert d["seed"].tolist() == list(cell.seeds)
+      assert d["confusion"].shape == (2, 2, 4, 4, 4) and d["round"].tolist() == [1, 2]
+      mats[cell.name] = d["confusion"]
+      last = read_metrics(f"{cell.dir}/metrics.jsonl")[-2:]  # round 2, both seeds
+      for i, r in enumerate(last):
+        cm = d["confusion"][1, i, d["steps"][1, i] - 1]
+        np.testing.assert_allclose(r["accuracy"], 100 * np.trace(cm) / cm.sum(), atol=1e-4)
+  assert not np.array_equal(mats["run.seed=0"], mats["run.seed=2"])
+
+
 def test_plan_groups_cells_by_static_signature(tmp_path):
   path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
 [grid]
