@@ -17,7 +17,8 @@
 #      vs_authors: 470 s at most, in all), DEADLINE (fill, seed_kernels: no cell started
 #      after it, 400 s; vs_authors: 300 s); fill: FILL_CELLS (MODEL:SEEDS:LOWERING words
 #      instead of the whole grid); vs_authors: PY (the authors' python, python3),
-#      CLONE (.gpu_carry/Hydra), FMNIST_DIR (.gpu_carry/fmnist), NSEEDS (8).
+#      CLONE (.gpu_carry/Hydra), FMNIST_DIR (.gpu_carry/fmnist), NSEEDS (8), CACHE (off:
+#      jsfl compiles cold; warm: a one-round run fills its compilation cache first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 smoke=0
@@ -83,7 +84,7 @@ vs_authors() {
   # their --device: cuda where their torch sees a GPU
   "$apy" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null && device=cuda
   local common=(--clone "$clone" --py "$apy" --data-dir "$data" --device "$device"
-                --jsfl "$(printf %q "$py") -m jsfl" --repeats 1)
+                --jsfl "$(printf %q "$py") -m jsfl" --repeats 1 --cache "${CACHE:-off}")
   if ((smoke)); then
     for model in small_cnn mobilenet; do
       part "vs_authors_$model" hydra_vs_authors.py "${common[@]}" --model "$model" \
