@@ -357,14 +357,19 @@ def read_step_confusion(run_dir: str) -> dict | None:
   return out if out["confusion"].ndim == 5 and len(out["round"]) else None
 
 
+def _first_step_confusion(group: report.Group):
+  """``(run, arrays)`` of the group's first run with ``confusion_steps.npz``."""
+  return next(((run, d) for run in group.runs
+               if (d := read_step_confusion(run.path)) is not None), None)
+
+
 def step_confusion(group: report.Group, path: str) -> str | None:
   """The confusion matrices after each step of a cyclic round (Hydra Fig.
   11): the group's first run with ``confusion_steps.npz``, its last recorded
   round and first seed; a row of heatmaps of the first
   :data:`MAX_STEP_PANELS` steps, each row (true label) as percentages of its
   test samples."""
-  found = next(((run, d) for run in group.runs
-                if (d := read_step_confusion(run.path)) is not None), None)
+  found = _first_step_confusion(group)
   if found is None:
     return None
   run, d = found
@@ -402,8 +407,7 @@ def step_accuracy(group: report.Group, path: str) -> str | None:
   the recorded rounds' steps in order, a line per class, round boundaries
   dotted; the title gives the forgetting measure over the whole sequence
   (BW with the steps as rows, :func:`jsfl.statistics.backward_transfer`)."""
-  found = next(((run, d) for run in group.runs
-                if (d := read_step_confusion(run.path)) is not None), None)
+  found = _first_step_confusion(group)
   if found is None:
     return None
   run, d = found
