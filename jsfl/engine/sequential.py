@@ -48,6 +48,7 @@ from jsfl.core.setup import Setup
 from jsfl.engine import parallel
 from jsfl.engine.orders import label_rank, processing_orders
 from jsfl.engine.parallel import Client, ClientTerm, bound, no_term
+from jsfl.engine.steps import StepModels
 
 
 @struct.dataclass
@@ -163,16 +164,6 @@ class SequentialAlgorithm:
   keep_models: bool = False
 
 
-class StepModels(NamedTuple):
-  """The models of a watched sequential round after each of its first ``S``
-  clients (the split engine's :class:`jsfl.engine.split.StepModels` with a
-  step = one client's training)."""
-
-  models: Any           # (S, ...) the model after client s (zeros past ``num_steps``)
-  labels: jax.Array     # (S,) that client's dominant label (-1 past ``num_steps``)
-  num_steps: jax.Array  # steps recorded, min(S, clients in the round)
-
-
 class SequenceRound(NamedTuple):
   """A sequential round's outcome, before the method writes its next state."""
 
@@ -229,8 +220,8 @@ class SequentialRounds:
   def watched_round(self, state, data, key, output_model: Callable, steps: int):
     """:meth:`round` that also returns the model after each of the round's
     first ``steps`` clients (``run.step_confusion``; a step is one client's
-    training), as a :class:`jsfl.engine.split.StepModels`-shaped triple
-    ``(models, labels, num_steps)``: ``models`` ``(steps, ...)``, each
+    training), as :class:`jsfl.engine.steps.StepModels`: ``models``
+    ``(steps, ...)``, each
     ``output_model(setup, state)`` of the state the round would leave had
     it ended after that client (zeros past ``num_steps``); ``labels`` the
     dominant label of each step's client (-1 past ``num_steps``).  The

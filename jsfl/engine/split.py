@@ -66,7 +66,7 @@ from jsfl.core.plan import RoundPlan, plan_round, round_metrics
 from jsfl.core.portion import Portion, fresh_stack
 from jsfl.core.trees import broadcast, weighted_mean
 from jsfl.engine import schedule
-from jsfl.engine.steps import scan_live
+from jsfl.engine.steps import StepModels, scan_live
 
 
 # ----------------------------------------------------------- server losses
@@ -306,18 +306,6 @@ class SplitRound(NamedTuple):
   server: Any            # the server carry after the round
   loss_sums: jax.Array   # (S,)
   steps: Any = None      # StepModels of a watched round (run_round's ``watch``)
-
-
-class StepModels(NamedTuple):
-  """The models of a watched round after each of its first ``S`` steps
-  (:func:`run_round`'s ``watch``): a step is a run of consecutive server
-  visits of participants with one dominant label (a client's turn of
-  ``batches_per_turn`` batches; under the paper's phi, the phi clients of a
-  label), the last one ending with the round."""
-
-  models: Any           # (S, ...) the model after step s (zeros past ``num_steps``)
-  labels: jax.Array     # (S,) the dominant label step s served (-1 past ``num_steps``)
-  num_steps: jax.Array  # steps recorded, at most S
 
 
 class Watch(NamedTuple):

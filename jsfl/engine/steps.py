@@ -1,6 +1,9 @@
-"""Scanning a round's batch steps (or segments) and skipping the empty ones."""
+"""Scanning a round's batch steps (or segments) and skipping the empty ones;
+the models a watched round records after each of its steps."""
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,3 +54,17 @@ def live_steps(*masks):
     s = jnp.any(m.reshape(m.shape[0], -1), axis=1)
     out = s if out is None else out | s
   return out
+
+
+class StepModels(NamedTuple):
+  """The models of a watched round (``run.step_confusion``) after each of its
+  first ``S`` steps.  A split round's step is a run of consecutive server
+  visits of participants with one dominant label (a client's turn of
+  ``batches_per_turn`` batches; under the paper's phi, the phi clients of a
+  label), the last one ending with the round
+  (:func:`jsfl.engine.split.watched_round`); a sequential round's is one
+  client's training (:meth:`jsfl.engine.sequential.SequentialRounds.watched_round`)."""
+
+  models: Any           # (S, ...) the model after step s (zeros past ``num_steps``)
+  labels: jax.Array     # (S,) the dominant label step s served (-1 past ``num_steps``)
+  num_steps: jax.Array  # steps recorded, at most S
