@@ -54,7 +54,7 @@ lint: venv
 	$(BIN)/mypy
 
 test: venv data lint
-	$(BIN)/python -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
 test-slow: venv data
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)

@@ -112,15 +112,15 @@ def test_every_round_returns_its_bytes():
   setup = Setup(model=model, num_clients=4, clients_per_round=3,
                      max_size=data.table.shape[1], batch_size=4, cut=2)
   key = jax.random.key(0)
+  # inits jitted: run eagerly, each random draw would compile alone
   state, m = jax.jit(lambda s, k: sfl.METHOD.round(setup, s, data, k))(
-      sfl.init(setup, key), key)
+      jax.jit(lambda k: sfl.init(setup, k))(key), key)
   up, down = sfl.communication(setup, int(m["samples"]))
   np.testing.assert_allclose([m["bytes_up"], m["bytes_down"]], [up, down], rtol=1e-7)
   setup = setup.replace(options=multisfl.METHOD.options())
-  _, own = jax.jit(lambda s, k: multisfl.round(setup, s, data, k))(
-      multisfl.init(setup, key), key)
-  _, m = jax.jit(lambda s, k: multisfl.METHOD.round(setup, s, data, k))(
-      multisfl.init(setup, key), key)
+  start = jax.jit(lambda k: multisfl.init(setup, k))(key)
+  _, own = jax.jit(lambda s, k: multisfl.round(setup, s, data, k))(start, key)
+  _, m = jax.jit(lambda s, k: multisfl.METHOD.round(setup, s, data, k))(start, key)
   assert float(m["bytes_up"]) == float(own["bytes_up"])
   assert float(m["bytes_up"]) > multisfl.communication(setup, int(m["samples"]))[0]
 

@@ -233,8 +233,8 @@ def test_padding_changes_exactly_the_models_config_lists(name):
   params, stats = _init(torch_m)
   chex.assert_trees_all_equal_shapes(params, _init(same_m)[0])
   x = _batch(shape, n=2)
-  a = torch_m.apply(params, stats, x, train=True)[0]
-  b = same_m.apply(params, stats, x, train=True)[0]
+  a, b = (jax.jit(lambda p, s, x, m=m: m.apply(p, s, x, train=True)[0])(params, stats, x)
+          for m in (torch_m, same_m))
   assert (not np.allclose(a, b, rtol=1e-4, atol=1e-4)) == (
       name in config.PADDING_SENSITIVE_MODELS)
   with pytest.raises(ValueError, match="padding='valid'; allowed: torch, same"):
@@ -365,7 +365,9 @@ def test_mask_keeps_padding_out_of_batch_norm_stats(name):
 
 def _check_vmapped_init(m):
   keys = jax.random.split(jax.random.key(4), 3)
-  params, stats = jax.vmap(m.init)(keys)
+  # one program: an eager init compiles a random draw per parameter shape
+  init = jax.jit(jax.vmap(m.init))
+  params, stats = init(keys)
   chex.assert_trees_all_equal_structs((params, stats), _init(m))
   kernels = [(jax.tree_util.keystr(p), a)
              for p, a in jax.tree_util.tree_leaves_with_path(params)
@@ -380,7 +382,7 @@ def _check_vmapped_init(m):
   name, k = max(kernels, key=lambda nk: nk[1].size)
   fan_in = math.prod(k.shape[1:-1])
   assert 0.5 / math.sqrt(fan_in) < float(np.std(k[2])) < 2.0 / math.sqrt(fan_in)
-  chex.assert_trees_all_equal(jax.vmap(m.init)(keys), (params, stats))
+  chex.assert_trees_all_equal(init(keys), (params, stats))
 
 
 def test_vmapped_init_gives_different_params_per_key():

@@ -750,8 +750,9 @@ def test_class_pool_ignores_padding_width():
   table, sizes, y = d.table, d.sizes, d.y
   wide = jnp.pad(table, ((0, 0), (0, 17)))
   key = jax.random.key(3)
-  pool, start = multisfl.class_pool(key, table, sizes, y, 4)
-  pool_w, start_w = multisfl.class_pool(key, wide, sizes, y, 4)
+  class_pool = jax.jit(multisfl.class_pool, static_argnums=4)  # eagerly: an op a compile
+  pool, start = class_pool(key, table, sizes, y, 4)
+  pool_w, start_w = class_pool(key, wide, sizes, y, 4)
   np.testing.assert_array_equal(start, start_w)
   n = int(jnp.sum(sizes))  # the valid entries come first, grouped by (client, class)
   np.testing.assert_array_equal(pool[:n], pool_w[:n])
@@ -785,8 +786,9 @@ def test_round_reports_the_authors_bytes_when_asked():
   key = jax.random.key(5)
   state = multisfl.init(setup, key)
   _, m = jax.jit(lambda st, k: multisfl.round(setup, st, MS_DATA, k))(state, key)
-  d = multisfl.decide(setup, state, MS_DATA, key)
-  want = multisfl.authors_round_bytes(setup, m["samples"], d.sizes, state.p,
+  # jitted: eagerly, each of the decision's draws and sorts compiles alone
+  sizes = jax.jit(lambda st, k: multisfl.decide(setup, st, MS_DATA, k).sizes)(state, key)
+  want = multisfl.authors_round_bytes(setup, m["samples"], sizes, state.p,
                                       int(m["assistants"].sum()))
   np.testing.assert_allclose([m["bytes_up"], m["bytes_down"]], [float(w) for w in want])
   _, spec = jax.jit(lambda st, k: multisfl.round(base, st, MS_DATA, k))(state, key)
