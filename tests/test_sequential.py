@@ -211,7 +211,9 @@ def test_diag_fisher_matches_loop(mode):
   params, stats = model.init(jax.random.key(0))
   idx = jnp.asarray(np.arange(12).reshape(3, 4))
   mask = jnp.asarray(np.array([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], bool))
-  got = fedcurv.diag_fisher(setup, data, params, stats, idx, mask, mode)
+  # jitted as a round runs it (eagerly every op compiles alone)
+  got = jax.jit(lambda p, s: fedcurv.diag_fisher(setup, data, p, s, idx, mask, mode))(
+      params, stats)
 
   @jax.jit
   @jax.grad
@@ -690,11 +692,11 @@ def test_loss_term_gradient_is_added_to_the_step(mod):
 def test_teacher_exec_strategies_agree():
   model = tiny_model()
   keys = jax.random.split(jax.random.key(0), 3)
-  params, stats = jax.vmap(model.init)(keys)
+  params, stats = jax.jit(jax.vmap(model.init))(keys)  # eagerly: an op a compile
   setup = base_setup(model)
   x = jax.random.normal(jax.random.key(1), (5, 8, 8, 1))
-  a = sfedkd.teacher_logits(setup, params, stats, x, "vmap")
-  b = sfedkd.teacher_logits(setup, params, stats, x, "unroll")
+  a, b = (jax.jit(lambda p, s, x, how=how: sfedkd.teacher_logits(setup, p, s, x, how))(
+      params, stats, x) for how in ("vmap", "unroll"))
   assert a.shape == (3, 5, 4)
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
 
@@ -705,15 +707,17 @@ def test_teacher_logit_cache_lookup():
   data = make_fed_data([11])
   model = tiny_model()
   setup = base_setup(model)
-  params, stats = jax.vmap(model.init)(jax.random.split(jax.random.key(0), 2))
+  params, stats = jax.jit(jax.vmap(model.init))(jax.random.split(jax.random.key(0), 2))
   table, sizes = data.table, data.sizes
   idx, mask = batching.round_batches(jax.random.key(1), table, sizes, 4, 2)
   idx, mask = idx[:, 0], mask[:, 0]                          # (2 epochs * 3, 4)
   ids, valid, logits = jax.jit(lambda: sfedkd.epoch_teacher_logits(
       setup, data, params, stats, idx[:3], mask[:3], "unroll"))()
+  lookup = jax.jit(sfedkd.lookup_logits)  # one program for the three batches
+  teachers = jax.jit(lambda i: sfedkd.teacher_logits(setup, params, stats,
+                                                     gather(data, i)[0], "vmap"))
   for t in range(3, 6):  # second epoch
-    got = sfedkd.lookup_logits(ids, valid, logits, idx[t])
-    want = sfedkd.teacher_logits(setup, params, stats,
-                                 gather(data, idx[t])[0], "vmap")
+    got = lookup(ids, valid, logits, idx[t])
+    want = teachers(idx[t])
     m = np.asarray(mask[t])
     np.testing.assert_allclose(np.asarray(got)[:, m], np.asarray(want)[:, m], **TOL)
