@@ -213,6 +213,9 @@ class Tally:
 
 
 STEP_CONFUSION = "confusion_steps.npz"
+# its arrays with a slot axis: after the round axis, or alone
+STEP_CONFUSION_PER_ROUND = ("confusion", "labels", "steps")
+STEP_CONFUSION_SLOTS = ("seed", "cell")
 
 
 def write_step_confusion(out: str, exp, r: int, sc: dict) -> str:
@@ -227,10 +230,10 @@ def write_step_confusion(out: str, exp, r: int, sc: dict) -> str:
   dominant label step s served (-1 past ``steps``); ``steps`` ``(R', n)``.
   """
   path = os.path.join(out, STEP_CONFUSION)
+  fetched = (sc["confusion"], sc["labels"], sc["count"])
   new = {"round": np.array([r + 1]),
-         "confusion": np.asarray(sc["confusion"])[None].astype(np.int32),
-         "labels": np.asarray(sc["labels"])[None].astype(np.int32),
-         "steps": np.asarray(sc["count"])[None].astype(np.int32)}
+         **{k: np.asarray(v)[None].astype(np.int32)
+            for k, v in zip(STEP_CONFUSION_PER_ROUND, fetched, strict=True)}}
   if os.path.exists(path):
     with np.load(path) as old:
       keep = old["round"] != r + 1
@@ -238,8 +241,9 @@ def write_step_confusion(out: str, exp, r: int, sc: dict) -> str:
         new = {k: np.concatenate([old[k][keep], v]) for k, v in new.items()}
   order = np.argsort(new["round"], kind="stable")
   arrays = {k: v[order] for k, v in new.items()}
-  arrays["seed"] = np.array([s.seed for s in exp.slots])
-  arrays["cell"] = np.array([s.cell or "" for s in exp.slots])
+  arrays.update(zip(STEP_CONFUSION_SLOTS, (np.array([s.seed for s in exp.slots]),
+                                           np.array([s.cell or "" for s in exp.slots])),
+                    strict=True))
   rundir.write_npz_atomic(path, arrays)
   return path
 
@@ -257,8 +261,8 @@ def cell_step_confusion(src: str, dst: str, cell: str) -> bool:
   mine = arrays["cell"] == cell
   if not mine.any():
     return False
-  per_slot = ("confusion", "labels", "steps")  # (rounds, slots, ...)
-  out = {k: (v[:, mine] if k in per_slot else v[mine] if k in ("seed", "cell") else v)
+  out = {k: (v[:, mine] if k in STEP_CONFUSION_PER_ROUND
+             else v[mine] if k in STEP_CONFUSION_SLOTS else v)
          for k, v in arrays.items()}
   rundir.write_npz_atomic(os.path.join(dst, STEP_CONFUSION), out)
   return True
