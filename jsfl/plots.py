@@ -23,7 +23,7 @@ runs that differ only in their seeds are pooled).  The plots:
 * ``classwise_steps_<group>.png``: the same runs' per-class test accuracy
   after every recorded step, the recorded rounds one after another, with the
   forgetting measure of the sequence (the group's first run and seed; SFedKD
-  Fig. 1).
+  Fig. 1), and its median and range over that run's seeds.
 
 Every figure has a fixed size (``SIZES`` at ``DPI``), so a plot's pixel size
 does not depend on the data.
@@ -401,19 +401,26 @@ def step_confusion(group: report.Group, path: str) -> str | None:
   return _save(fig, path)
 
 
+def step_class_accuracy(d, slot: int) -> np.ndarray:
+  """``(steps, labels)`` per-class accuracy of one slot's recorded steps, the
+  recorded rounds one after another."""
+  return np.concatenate([statistics.class_accuracy(d["confusion"][i, slot, :int(c)])
+                         for i, c in enumerate(d["steps"][:, slot])])
+
+
 def step_accuracy(group: report.Group, path: str) -> str | None:
   """Per-class test accuracy after each recorded step (SFedKD Fig. 1 (a),
   (b)): the group's first run with ``confusion_steps.npz``, its first seed,
   the recorded rounds' steps in order, a line per class, round boundaries
   dotted; the title gives the forgetting measure over the whole sequence
-  (BW with the steps as rows, :func:`jsfl.statistics.backward_transfer`)."""
+  (BW with the steps as rows, :func:`jsfl.statistics.backward_transfer`),
+  with its median and range over the run's seeds when it has several."""
   found = _first_step_confusion(group)
   if found is None:
     return None
   run, d = found
   counts = [int(c) for c in d["steps"][:, 0]]
-  acc = np.concatenate([statistics.class_accuracy(d["confusion"][i, 0, :c])
-                        for i, c in enumerate(counts)])
+  acc = step_class_accuracy(d, 0)
   if len(acc) < 2:
     return None
   L = acc.shape[1]
@@ -431,9 +438,15 @@ def step_accuracy(group: report.Group, path: str) -> str | None:
   if L <= 20:  # a hundred classes' names would bury the lines
     _legend(fig, ax, L)
   rounds = ", ".join(str(int(r)) for r in d["round"])
+  forgetting = f"forgetting measure {statistics.backward_transfer(acc):.2f}"
+  seeds = d["confusion"].shape[1]
+  per_seed = [b for s in range(seeds)
+              if (b := statistics.backward_transfer(step_class_accuracy(d, s))) is not None]
+  if len(per_seed) > 1:  # one seed's curves; the measure as the report gives figures
+    forgetting += (f", median over its {len(per_seed)} seeds {np.median(per_seed):.2f} "
+                   f"[{min(per_seed):.2f}, {max(per_seed):.2f}]")
   title = (f"per-class accuracy after each step of rounds {rounds} (seed "
-           f"{int(d['seed'][0])}; forgetting measure "
-           f"{statistics.backward_transfer(acc):.2f}): {group.label or run.name}")
+           f"{int(d['seed'][0])}; {forgetting}): {group.label or run.name}")
   ax.set_title(textwrap.fill(title, 110), fontsize=9)
   return _save(fig, path)
 
