@@ -275,9 +275,19 @@ def partition_bars(group: report.Group, path: str) -> str | None:
                           f"(seed {seeds[0].get('seed', 0)})", path)
 
 
+def _label_colorbar(fig, ax, n: int) -> None:
+  """Label index -> colour of :func:`_colors` past 20 labels (a ramp)."""
+  from matplotlib import cm, colormaps, colors
+  scale = cm.ScalarMappable(norm=colors.Normalize(0, n - 1), cmap=colormaps["turbo"])
+  bar = fig.colorbar(scale, ax=ax, pad=0.01, fraction=0.04)
+  bar.set_label("label", fontsize=8)
+  bar.ax.tick_params(labelsize=8)
+
+
 def label_count_bars(counts, names: Sequence[str], title: str, path: str) -> str:
   """Per client a bar of its training samples stacked by label (Hydra Fig.
-  8); ``counts`` ``(K, L)``, the legend only up to 20 labels."""
+  8); ``counts`` ``(K, L)``: a legend up to 20 labels, past that a colour
+  bar of the label index."""
   counts = np.asarray(counts, float)
   K, L = counts.shape
   fig = _figure("partition")
@@ -294,6 +304,8 @@ def label_count_bars(counts, names: Sequence[str], title: str, path: str) -> str
   ax.set_ylabel("training samples")
   if L <= 20:
     ax.legend(title="label", fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+  else:  # a hundred legend entries would not fit: the colours' ramp, by label index
+    _label_colorbar(fig, ax, L)
   ax.set_title(title, fontsize=10)
   return _save(fig, path)
 

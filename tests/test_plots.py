@@ -101,3 +101,22 @@ def test_missing_matplotlib_is_one_clear_message(tmp_path, capsys, monkeypatch):
   assert err.strip() == ("jsfl: error: plots need matplotlib, which is not installed: "
                          "pip install 'jsfl[plot]' (or: pip install matplotlib)")
   assert not os.path.exists(tmp_path / "p")
+
+
+@pytest.mark.parametrize("labels,legend", [(10, True), (100, False)])
+def test_label_count_bars_name_every_label(tmp_path, monkeypatch, labels, legend):
+  """Up to 20 labels a legend names each colour; past that (CIFAR-100,
+  FEMNIST) a colour bar maps the label index to the colour ramp."""
+  figs = []
+  save = plots._save
+  monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or save(fig, path))
+  counts = np.random.default_rng(0).integers(0, 30, (12, labels))
+  path = plots.label_count_bars(counts, [str(i) for i in range(labels)], "t",
+                                str(tmp_path / "p.png"))
+  check_png(path, "partition")
+  (fig,) = figs
+  bars = fig.axes[0]
+  assert (bars.get_legend() is not None) is legend
+  assert len(fig.axes) == (1 if legend else 2)  # the colour bar's own axes
+  if not legend:
+    assert fig.axes[1].get_ylim() == (0, labels - 1)
