@@ -15,6 +15,8 @@ thread.  Replay (helper) samples are reported beside, not in, the figure.
     python benchmarks/multisfl_vs_authors.py --method multisfl splitfedv1 fedavg \\
         --exec vmap unroll map \\
         --authors-logs /work/authors/runs --rounds 4
+    python benchmarks/multisfl_vs_authors.py --method multisfl --exec map vmap \
+        --rounds 3 --set method.clients_per_round=50 method.local_epochs=1
 
 Writes ``results/multisfl_vs_authors-<host>-<time>.json`` and prints a table.
 Both sides are timed on the same 2-core machine with nothing else running.
@@ -45,17 +47,18 @@ def read_jsonl(path: str) -> list[dict]:
 AUTHORS = {"multisfl": "MultiSFL", "splitfedv1": "SFL", "fedavg": "FL"}
 
 
-def jsfl_rate(method: str, client_exec: str, rounds: int, seed: int, jsfl: str) -> dict:
+def jsfl_rate(method: str, client_exec: str, rounds: int, seed: int, jsfl: str,
+              overrides: tuple[str, ...] = ()) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "run")
     cmd = [jsfl, "run", CONFIG, f"method.name={method}", "run.seeds=1", f"run.seed={seed}", f"run.rounds={rounds}",
-           "run.checkpoint_every=0", f"exec.client_exec={client_exec}", f"run.dir={out}",
-           "--quiet"]
+           "run.checkpoint_every=0", *overrides, f"exec.client_exec={client_exec}",
+           f"run.dir={out}", "--quiet"]
     subprocess.run(cmd, check=True)
     recs = read_jsonl(os.path.join(out, "metrics.jsonl"))
   timed = [r for r in recs if r["round"] > 1]
   wall = sum(r["wall_s"] for r in timed)
-  return {"method": method, "client_exec": client_exec, "rounds": [
+  return {"method": method, "client_exec": client_exec, "overrides": list(overrides), "rounds": [
               {k: r.get(k, 0) for k in ("round", "wall_s", "samples", "replay_samples")}
               for r in recs],
           "first_round_s": recs[0]["wall_s"],
@@ -95,11 +98,14 @@ def main(argv=None) -> None:
                   help="directory of the authors' MultiSFL_seed*.jsonl round logs")
   ap.add_argument("--authors-threads", type=int, default=1,
                   help="torch threads the authors' runs used (run.sh THREADS)")
+  ap.add_argument("--set", nargs="*", default=[], dest="overrides", metavar="KEY=VALUE",
+                  help="config overrides of the setting (method.clients_per_round=50: "
+                       "the client loop past 32 clients a round)")
   ap.add_argument("--jsfl", default=os.path.join(os.path.dirname(sys.executable), "jsfl"))
   ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args(argv)
   res = {"machine": machine(), "args": vars(args),
-         "jsfl": [jsfl_rate(m, x, args.rounds, args.seed, args.jsfl)
+         "jsfl": [jsfl_rate(m, x, args.rounds, args.seed, args.jsfl, tuple(args.overrides))
                   for m in args.method for x in args.execs],
          "authors": ([dict(r, method=m, threads=args.authors_threads) for m in args.method
                       for r in authors_rate(args.authors_logs, m)]
@@ -107,7 +113,8 @@ def main(argv=None) -> None:
   print("| implementation | samples/s per seed | replay samples/s |")
   print("| --- | --- | --- |")
   for r in res["jsfl"]:
-    print(f"| jsfl {r['method']}, client_exec={r['client_exec']} | {r['samples_per_s']:,.0f} | "
+    print(f"| jsfl {r['method']}, client_exec={r['client_exec']} "
+          f"{' '.join(r['overrides'])} | {r['samples_per_s']:,.0f} | "
           f"{r['replay_samples_per_s']:,.0f} |")
   for r in res["authors"]:
     print(f"| authors' code {r['method']} ({r['log']}, {r['rounds']} rounds, "

@@ -197,5 +197,6 @@ def test_sfl_order_actually_matters():
 def test_default_client_exec_per_backend():
   from jsfl.train.programs import UNROLL_MAX_CLIENTS, default_client_exec
   assert default_client_exec(10, "cpu") == "unroll"
-  assert default_client_exec(UNROLL_MAX_CLIENTS + 1, "cpu") == "vmap"
+  assert default_client_exec(UNROLL_MAX_CLIENTS, "cpu") == "unroll"
+  assert default_client_exec(UNROLL_MAX_CLIENTS + 1, "cpu") == "map"
   assert default_client_exec(10, "gpu") == "vmap"

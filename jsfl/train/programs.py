@@ -25,17 +25,19 @@ UNROLL_MAX_CLIENTS = 32  # beyond this an unrolled client loop makes compiling s
 def default_client_exec(clients_per_round: int, backend: str | None = None) -> str:
   """The client loop ``exec.client_exec = "auto"`` resolves to.
 
-  On the CPU clients run as an unrolled loop (up to
-  :data:`UNROLL_MAX_CLIENTS`): XLA:CPU runs a vmapped convolution over
-  stacked client weights as a slow grouped convolution, and a looped client
-  can skip the padded steps of a small one.  Accelerators get vmap, the
-  batched form they are built for.  The measurements behind the choice are in
-  ``benchmarks/results/`` (``benchmarks/README.md``).
+  On the CPU clients run one after another: XLA:CPU runs a vmapped
+  convolution over stacked client weights as a slow grouped convolution, and
+  a looped client can skip the padded steps of a small one.  Up to
+  :data:`UNROLL_MAX_CLIENTS` the loop is unrolled, past that a rolled
+  ``lax.map`` (an unrolled loop's compile time grows with its clients).
+  Accelerators get vmap, the batched form they are built for.  The
+  measurements behind the choice are in ``benchmarks/results/``
+  (``benchmarks/README.md``).
   """
   backend = backend or jax.default_backend()
-  if backend == "cpu" and clients_per_round <= UNROLL_MAX_CLIENTS:
-    return "unroll"
-  return "vmap"
+  if backend != "cpu":
+    return "vmap"
+  return "unroll" if clients_per_round <= UNROLL_MAX_CLIENTS else "map"
 
 
 def default_client_pass(backend: str | None = None) -> str:
