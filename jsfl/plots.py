@@ -413,13 +413,6 @@ def step_confusion(group: report.Group, path: str) -> str | None:
   return _save(fig, path)
 
 
-def step_class_accuracy(d, slot: int) -> np.ndarray:
-  """``(steps, labels)`` per-class accuracy of one slot's recorded steps, the
-  recorded rounds one after another."""
-  return np.concatenate([statistics.class_accuracy(d["confusion"][i, slot, :int(c)])
-                         for i, c in enumerate(d["steps"][:, slot])])
-
-
 def step_accuracy(group: report.Group, path: str) -> str | None:
   """Per-class test accuracy after each recorded step (SFedKD Fig. 1 (a),
   (b)): the group's first run with ``confusion_steps.npz``, its first seed,
@@ -432,7 +425,9 @@ def step_accuracy(group: report.Group, path: str) -> str | None:
     return None
   run, d = found
   counts = [int(c) for c in d["steps"][:, 0]]
-  acc = step_class_accuracy(d, 0)
+  accs = [statistics.step_class_accuracy(d["confusion"], d["steps"], s)
+          for s in range(d["confusion"].shape[1])]
+  acc = accs[0]
   if len(acc) < 2:
     return None
   L = acc.shape[1]
@@ -450,10 +445,9 @@ def step_accuracy(group: report.Group, path: str) -> str | None:
   if L <= 20:  # a hundred classes' names would bury the lines
     _legend(fig, ax, L)
   rounds = ", ".join(str(int(r)) for r in d["round"])
-  forgetting = f"forgetting measure {statistics.backward_transfer(acc):.2f}"
-  seeds = d["confusion"].shape[1]
-  per_seed = [b for s in range(seeds)
-              if (b := statistics.backward_transfer(step_class_accuracy(d, s))) is not None]
+  bw = [statistics.backward_transfer(a) for a in accs]
+  forgetting = f"forgetting measure {bw[0]:.2f}"
+  per_seed = [b for b in bw if b is not None]
   if len(per_seed) > 1:  # one seed's curves; the measure as the report gives figures
     forgetting += (f", median over its {len(per_seed)} seeds {np.median(per_seed):.2f} "
                    f"[{min(per_seed):.2f}, {max(per_seed):.2f}]")

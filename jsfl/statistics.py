@@ -126,6 +126,15 @@ def class_accuracy(confusion: np.ndarray) -> np.ndarray:
   return 100.0 * np.diagonal(c, axis1=-2, axis2=-1) / np.maximum(c.sum(-1), 1.0)
 
 
+def step_class_accuracy(confusion: np.ndarray, steps: np.ndarray, slot: int) -> np.ndarray:
+  """``(steps, L)`` per-class accuracy of one slot's recorded steps, the
+  recorded rounds one after another, from ``confusion_steps.npz``'s
+  ``confusion`` ``(rounds, slots, S, L, L)`` and ``steps`` ``(rounds, slots)``
+  (the rows :func:`backward_transfer` takes as the forgetting measure)."""
+  return np.concatenate([class_accuracy(confusion[r, slot, :int(steps[r, slot])])
+                         for r in range(confusion.shape[0])])
+
+
 def backward_transfer(history, present=None) -> float | None:
   """``BW = mean_l max_{r<R} (A_l^r - A_l^R)``, percentage points.
 

@@ -5,7 +5,7 @@ Usage: python experiments/sequential/forgetting.py SWEEP_DIR [--out JSON]
 For every cell directory under SWEEP_DIR that holds ``confusion_steps.npz``
 (``run.step_confusion``), per seed: the per-class test accuracy after each
 recorded step, the recorded rounds one after another
-(``jsfl.statistics.class_accuracy``); its forgetting measure over the whole
+(``jsfl.statistics.step_class_accuracy``); its forgetting measure over the whole
 sequence (BW with the steps as rows, ``jsfl.statistics.backward_transfer``:
 per class the best accuracy at an earlier step minus the last step's,
 averaged); and its fluctuation, the mean absolute change of a class's
@@ -33,8 +33,7 @@ def seed_figures(path: str) -> dict:
     conf, steps, seeds = d["confusion"], d["steps"], d["seed"]
   out = {}
   for i, seed in enumerate(seeds.tolist()):
-    acc = np.concatenate([statistics.class_accuracy(conf[r, i, :steps[r, i]])
-                          for r in range(conf.shape[0])])
+    acc = statistics.step_class_accuracy(conf, steps, i)
     final = conf[-1, i, steps[-1, i] - 1]
     out[int(seed)] = {"forgetting": statistics.backward_transfer(acc),
                       "fluctuation": float(np.abs(np.diff(acc, axis=0)).mean()),
