@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+from conftest import xla_flags
 
 from jsfl.rundir import read_metrics
 
@@ -25,7 +26,7 @@ def _free_port() -> int:
 
 
 def _env(devices: int):
-  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+  return {**os.environ, "XLA_FLAGS": xla_flags(devices),
           "JAX_PLATFORMS": "cpu"}
 
 

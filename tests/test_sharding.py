@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import xla_flags
 
 from jsfl import cli
 from jsfl.core import sharding
@@ -54,7 +55,7 @@ def test_bad_mesh_is_a_config_error_before_anything_is_written(tmp_path, capsys)
 def test_eight_device_mesh_equals_one_device(method):
   """SFL, Hydra, MultiSFL and the sequential methods (FedSeq, SFedKD) on a
   2 (seeds) x 4 (clients) mesh of simulated devices, against one device."""
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  env = {**os.environ, "XLA_FLAGS": xla_flags(8)}
   methods = [method]
   proc = subprocess.run([sys.executable, os.path.join(HERE, "sharding_check.py"), *methods],
                         env=env, capture_output=True, text=True, timeout=900)
