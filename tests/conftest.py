@@ -14,35 +14,41 @@ import tempfile
 # their float rounding only.  JSFL_TEST_XLA=default runs the suite as users'
 # programs compile; an XLA_FLAGS set beforehand is left alone.  The test
 # that guards a miscompile seen at the defaults compiles with them
-# explicitly (DEFAULT_XLA).
+# explicitly (DEFAULT_XLA).  A jaxlib whose XLA lacks a flag runs without it.
 FAST_XLA = ("--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false")
-DEFAULT_XLA = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
 
 
-def _fast_xla_known():
-  """Whether this jaxlib's XLA knows FAST_XLA's flags: an unknown one in
-  ``XLA_FLAGS`` aborts every process, so a jaxlib without them runs the
-  suite at its defaults."""
+def _xla_knows(flags):
+  """Whether this jaxlib's XLA accepts ``flags``: an unknown flag in
+  ``XLA_FLAGS`` aborts every process."""
   import subprocess
   import sys
-  env = {**os.environ, "XLA_FLAGS": " ".join(FAST_XLA), "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
   return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
                         capture_output=True).returncode == 0
 
 
+# Chosen once, by pytest or xdist's controller (its workers inherit both
+# variables): both settings, else the LLVM level alone, else XLA's defaults.
 if "XLA_FLAGS" not in os.environ:
-  _fast = os.environ.get("JSFL_TEST_XLA", "fast") != "default" and _fast_xla_known()
-  os.environ["JSFL_TEST_XLA"] = "fast" if _fast else "default"
+  _chosen = ()
+  if os.environ.get("JSFL_TEST_XLA", "fast") != "default":
+    _chosen = next((f for f in (FAST_XLA, FAST_XLA[:1]) if _xla_knows(f)), ())
+  os.environ["JSFL_TEST_XLA_FLAGS"] = " ".join(_chosen)
 
 
 def xla_flags(devices=1):
   """The suite's ``XLA_FLAGS`` with ``devices`` simulated CPU devices, for
   the tests that start processes of their own."""
-  fast = FAST_XLA if os.environ.get("JSFL_TEST_XLA") == "fast" else ()
-  return " ".join((f"--xla_force_host_platform_device_count={devices}",) + fast)
+  return " ".join(filter(None, (f"--xla_force_host_platform_device_count={devices}",
+                                os.environ.get("JSFL_TEST_XLA_FLAGS", ""))))
 
 
 os.environ.setdefault("XLA_FLAGS", xla_flags())
+# XLA's defaults for what the suite changed, as compiler options of one program.
+DEFAULT_XLA = {k: v for k, v in (("xla_backend_optimization_level", 3),
+                                 ("xla_cpu_use_fusion_emitters", True))
+               if f"--{k}=" in os.environ.get("JSFL_TEST_XLA_FLAGS", "")}
 # One persistent compilation cache for the whole session, as a user's runs
 # have by default: the resume, sweep and subprocess tests compile the same
 # programs again and again.  The process that makes it (pytest, or xdist's
