@@ -9,14 +9,16 @@ writes row by row keeps ``OUT/<script>-partial.json`` until it finishes, so
 one stopped by a time limit leaves what it measured.
 
 ``benchmarks/`` is not a package: a script imports this module as a sibling
-(the script's folder is first on ``sys.path``). Nothing here imports jax, so
-a parent process that must not start a backend can name its files too.
+(the script's folder is first on ``sys.path``). Only :func:`machine` imports
+jax, when called, so a parent process that must not start a backend can name
+its files too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
 import time
 
@@ -70,3 +72,13 @@ def drop_partial(out: str, script: str) -> None:
   p = partial_path(out, script)
   if os.path.exists(p):
     os.remove(p)
+
+
+def machine(**extra: object) -> dict:
+  """The ``machine`` record of a result file: host, platform, CPUs, backend,
+  first device and jax's version, then ``extra``. Starts jax's backend."""
+  import jax
+  d = jax.devices()[0]
+  return {"host": host(), "platform": platform.platform(), "cpus": os.cpu_count(),
+          "backend": jax.default_backend(), "device": getattr(d, "device_kind", str(d)),
+          "jax": jax.__version__, **extra}

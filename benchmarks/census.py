@@ -32,7 +32,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import re
 import sys
 import time
@@ -139,13 +138,6 @@ def round_census(cfg: dict, compile_: bool = True) -> dict:
   return out
 
 
-def machine() -> dict:
-  d = jax.devices()[0]
-  return {"host": _results.host(), "platform": platform.platform(),
-          "cpus": os.cpu_count(), "backend": jax.default_backend(),
-          "device": getattr(d, "device_kind", str(d)), "jax": jax.__version__}
-
-
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("config", nargs="*", help="a TOML file and/or key=value overrides")
@@ -175,7 +167,7 @@ def main(argv=None):
     print(f"seeds={seeds:3d}: {row['convolutions_total']} convolutions "
           f"({row['feature_grouped']} feature-grouped, {row['batch_grouped']} batch-grouped), "
           f"dot_general {row['dot_general']}, {row['while']} while; {mem}", flush=True)
-  res = {"machine": machine(), "label": args.label, "config": args.config,
+  res = {"machine": _results.machine(), "label": args.label, "config": args.config,
          "as_backend": args.as_backend, "rows": rows,
          "command": "python benchmarks/census.py " + " ".join(sys.argv[1:] if argv is None
                                                             else argv)}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -109,10 +108,7 @@ def main():
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
-  import jax
-  machine = {"host": platform.node(), "platform": platform.platform(),
-             "cpus": os.cpu_count(), "backend": jax.default_backend(),
-             "device": str(jax.devices()[0].device_kind), "jax": jax.__version__}
+  machine = _results.machine()
   print("#", machine)
   results = {}
   with tempfile.TemporaryDirectory() as scratch:

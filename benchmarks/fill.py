@@ -37,7 +37,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -62,14 +61,6 @@ GRID = [("mobilenet_v1", 16, "new"), ("mobilenet_v1", 1, "new"), ("mobilenet_v1"
 # the smoke test checks the plumbing (old lowering, bfloat16, the census) on
 # the cheapest model to compile
 SMOKE = [("small_cnn", 2, "old"), ("small_cnn", 1, "bf16")]
-
-
-def machine() -> dict:
-  import jax
-  d = jax.devices()[0]
-  return {"host": _results.host(), "platform": platform.platform(),
-          "cpus": os.cpu_count(), "backend": jax.default_backend(),
-          "device": getattr(d, "device_kind", str(d)), "jax": jax.__version__}
 
 
 def overrides(model, seeds, lowering, args) -> list[str]:
@@ -107,7 +98,7 @@ def worker(cell: dict, repeats: int, census_calls: bool) -> dict:
   compile_s = time.perf_counter() - t
   from jsfl.models import layers
   m_cfg = cfg["model"]
-  out = {"machine": machine(), "compile_s": round(compile_s, 2),
+  out = {"machine": _results.machine(), "compile_s": round(compile_s, 2),
          "program_bytes": fit.program_bytes(compiled),
          "conv_impl": (layers.default_conv_impl() if m_cfg["conv_impl"] == "auto"
                        else m_cfg["conv_impl"]),

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -68,10 +67,7 @@ def main():
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args()
-  import jax
-  machine = {"host": platform.node(), "platform": platform.platform(),
-             "cpus": len(os.sched_getaffinity(0)), "backend": jax.default_backend(),
-             "device": str(jax.devices()[0].device_kind), "jax": jax.__version__}
+  machine = _results.machine(cpus_used=len(os.sched_getaffinity(0)))  # taskset
   print("#", machine)
   results = {}
   with tempfile.TemporaryDirectory() as scratch:
