@@ -110,6 +110,8 @@ def as_backend(cfg: dict, backend: str) -> dict:
     m["conv_impl"] = layers.default_conv_impl(backend)
   if m["depthwise_impl"] == "auto":
     m["depthwise_impl"] = layers.default_depthwise_impl(backend)
+  if m.get("im2col_grad", "auto") == "auto":
+    m["im2col_grad"] = layers.default_im2col_grad(backend)
   return cfg
 
 

@@ -143,6 +143,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                              "(jsfl.models.layers.inference_conv_impl); same = conv_impl",
                              ("auto", "same", "xla", "im2col")),
         "depthwise_impl": _f(str, "auto", "depthwise conv lowering", ("auto", "grouped", "shifts")),
+        "im2col_grad": _f(str, "auto", "kernel gradient of im2col convolutions: patches = "
+                          "one matmul with the patch matrix built again (auto on the CPU: "
+                          "twice the rate); taps = a product per kernel tap, never holding "
+                          "the patch matrix (auto elsewhere: memory)",
+                          ("auto", "patches", "taps")),
         "padding": _f(str, "torch", "padding of the convolutions: torch = PyTorch's "
                       "kernel // 2 on every side (what the papers' models compute); same "
                       "= XLA's SAME (differs at stride 2 on an even size)", ("torch", "same")),

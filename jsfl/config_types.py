@@ -65,6 +65,7 @@ class ModelSection:
   conv_impl: str
   eval_conv_impl: str
   depthwise_impl: str
+  im2col_grad: str
   padding: str
   extra: dict[str, Any]  # the section's other keys
 

@@ -55,9 +55,10 @@ def _vmapped_case(fn, impls, kernel, cin, cout, stride, padding, seed=0):
 @pytest.mark.parametrize("kernel,stride,padding", [
     (1, 1, "SAME"), (1, 2, "TORCH"), (3, 1, "TORCH"), (3, 2, "TORCH"), (3, 2, "SAME"),
     (3, 1, "VALID"), (5, 2, "VALID")])
-def test_im2col_under_the_seed_vmap_equals_xla(kernel, stride, padding):
-  (y0, g0), (y1, g1) = _vmapped_case(layers.conv2d, ("xla", "im2col"), kernel, 3, 4,
-                                     stride, padding)
+@pytest.mark.parametrize("grad", layers.IM2COL_GRADS)
+def test_im2col_under_the_seed_vmap_equals_xla(kernel, stride, padding, grad):
+  (y0, g0), (y1, g1) = _vmapped_case(functools.partial(layers.conv2d, im2col_grad=grad),
+                                     ("xla", "im2col"), kernel, 3, 4, stride, padding)
   assert float(jnp.abs(y0).max()) > 0.1
   chex.assert_trees_all_close((y1, g1), (y0, g0), rtol=2e-5, atol=2e-5)
   # the seeds are independent: seed 1's weights change seed 1's output alone
@@ -107,14 +108,49 @@ def test_depthwise_shifts_under_the_seed_vmap_equals_grouped(stride, padding):
   chex.assert_trees_all_close((y1, g1), (y0, g0), rtol=2e-5, atol=2e-5)
 
 
-def test_im2col_keeps_the_input_not_its_patches():
+@pytest.mark.parametrize("grad", layers.IM2COL_GRADS)
+def test_im2col_keeps_the_input_not_its_patches(grad):
   """The backward of an im2col convolution holds the input, not the patch
-  matrix nine times its size (the residuals of ``jax.vjp``)."""
+  matrix nine times its size (the residuals of ``jax.vjp``), whichever
+  form its kernel gradient takes."""
   x = jnp.ones((4, 16, 16, 8))
   w = jnp.ones((3, 3, 8, 8))
-  _, vjp = jax.vjp(lambda a, b: layers.conv2d(a, b, impl="im2col"), x, w)
+  _, vjp = jax.vjp(lambda a, b: layers.conv2d(a, b, impl="im2col", im2col_grad=grad), x, w)
   held = sum(leaf.size for leaf in jax.tree.leaves(vjp))
   assert held <= x.size + w.size + 64, held
+
+
+def test_model_im2col_grad_reaches_its_convolutions():
+  """``model.im2col_grad`` sets every im2col layer's backward: LeNet-5's
+  gradient has one kernel-gradient product per 5x5 tap under ``taps`` and
+  one per layer under ``patches``, and the two give the same gradient."""
+  from jsfl.models import get_model
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 28, 28, 1)), jnp.float32)
+  grads, dots = {}, {}
+  for form in layers.IM2COL_GRADS:
+    model = get_model("lenet5", (28, 28, 1), 10, conv_impl="im2col", im2col_grad=form)
+    params, stats = model.init(jax.random.key(0))
+
+    def loss(p, model=model, stats=stats):
+      return jnp.sum(model.apply(p, stats, x, train=True)[0] ** 2)
+
+    grad = jax.jit(jax.grad(loss))
+    dots[form] = grad.lower(params).as_text().count("dot_general")
+    grads[form] = grad(params)
+  assert dots["taps"] >= dots["patches"] + 2 * 24, dots
+  chex.assert_trees_all_close(grads["taps"], grads["patches"], rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="im2col_grad='cols'; allowed: auto, patches, taps"):
+    get_model("lenet5", (28, 28, 1), 10, im2col_grad="cols")
+
+
+def test_im2col_kernel_gradient_form_per_backend():
+  """The patch matrix on the CPU (one matmul: twice the rate of the taps
+  there), the taps elsewhere (memory); a bad name is refused."""
+  assert layers.default_im2col_grad("cpu") == "patches"
+  assert layers.default_im2col_grad("gpu") == layers.default_im2col_grad("cuda") == "taps"
+  with pytest.raises(ValueError, match="im2col_grad='cols'; allowed"):
+    layers.conv2d(jnp.ones((1, 4, 4, 1)), jnp.ones((3, 3, 1, 1)), impl="im2col",
+                  im2col_grad="cols")
 
 
 def _rounds(method, setup, data, key, rounds=2):

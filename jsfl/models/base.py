@@ -65,6 +65,9 @@ class StagedModel:
       ``kernel // 2`` on every side as the PyTorch models the papers ran
       (another function from XLA's SAME at stride 2 on an even size);
       ``"same"`` keeps XLA's SAME.  The parameters are the same either way.
+    im2col_grad: the kernel-gradient form of its im2col convolutions
+      (:data:`jsfl.models.layers.IM2COL_GRADS`); ``"auto"``: the backend's
+      (:func:`jsfl.models.layers.default_im2col_grad`) when traced.
     precision: the compute type of training forwards and their backward
       (:data:`PRECISIONS`): ``"bfloat16"`` runs every stage's matmuls and
       activations in bfloat16 from float32 parameters (a copy cast per
@@ -84,6 +87,7 @@ class StagedModel:
   init_scheme: str = "he_lecun"
   eval_conv_impl: str = "same"
   padding: str = "same"
+  im2col_grad: str = "auto"
   precision: str = "float32"
   # Set once in __post_init__ (the dataclass is frozen): one graph definition
   # and one abstract (params, stats) pair per stage, and the graph
@@ -99,6 +103,11 @@ class StagedModel:
         for _, node in nnx.iter_graph(s):
           if hasattr(node, "use_torch_padding"):
             node.use_torch_padding()
+    if self.im2col_grad != "auto":
+      for s in stages:
+        for _, node in nnx.iter_graph(s):
+          if hasattr(node, "use_im2col_grad"):
+            node.use_im2col_grad(self.im2col_grad)
     graphdefs, abstract = [], []
     for s in stages:
       g, p, b, rest = nnx.split(s, nnx.Param, nnx.BatchStat, ...)
@@ -234,12 +243,14 @@ def model_factory(name: str) -> Callable[..., StagedModel]:
 
 def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
               eval_conv_impl: str = "auto", padding: str = "torch",
-              precision: str = "float32", **options: Any) -> StagedModel:
+              precision: str = "float32", im2col_grad: str = "auto",
+              **options: Any) -> StagedModel:
   """Builds a registered model initialised by ``init``
   (:data:`jsfl.models.inits.INITS`), evaluated in ``eval_conv_impl``
   (:func:`jsfl.models.layers.inference_conv_impl`), its SAME layers padded
   by the ``padding`` convention (:attr:`StagedModel.padding`), trained in
-  ``precision`` (:attr:`StagedModel.precision`); unknown names give a clear
+  ``precision`` (:attr:`StagedModel.precision`), its im2col kernel
+  gradients formed as ``im2col_grad`` says (:attr:`StagedModel.im2col_grad`); unknown names give a clear
   ValueError, as does an input too small for it."""
   if name not in _REGISTRY:
     raise ValueError(f"model={name!r}; allowed: {', '.join(model_names())}")
@@ -252,10 +263,13 @@ def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
     raise ValueError(f"padding={padding!r}; allowed: {', '.join(layers.PADDING_MODES)}")
   if precision not in PRECISIONS:
     raise ValueError(f"precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
+  if im2col_grad not in ("auto",) + layers.IM2COL_GRADS:
+    raise ValueError(f"im2col_grad={im2col_grad!r}; allowed: "
+                     f"{', '.join(('auto',) + layers.IM2COL_GRADS)}")
   try:
     return _cached(name, tuple(input_shape), int(num_classes),
                    tuple(sorted(options.items())), init, eval_conv_impl, padding,
-                   precision)
+                   precision, im2col_grad)
   except InputTooSmall as e:
     # The net for models without their own check_input_size.
     raise ValueError(f"{name}: input_shape={tuple(input_shape)!r} is too small "
@@ -266,13 +280,14 @@ _CACHE: dict = {}
 
 
 def _cached(name, input_shape, num_classes, options, init, eval_conv_impl, padding,
-            precision):
-  key = (name, input_shape, num_classes, options, init, eval_conv_impl, padding, precision)
+            precision, im2col_grad):
+  key = (name, input_shape, num_classes, options, init, eval_conv_impl, padding, precision,
+         im2col_grad)
   if key not in _CACHE:
     model = _REGISTRY[name](input_shape, num_classes, **dict(options))
     _CACHE[key] = dataclasses.replace(model, init_scheme=init,
                                       eval_conv_impl=eval_conv_impl, padding=padding,
-                                      precision=precision)
+                                      precision=precision, im2col_grad=im2col_grad)
   return _CACHE[key]
 
 

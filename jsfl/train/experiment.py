@@ -220,7 +220,8 @@ def build_model(cfg: dict, input_shape, num_classes: int):
                                   if m.depthwise_impl == "auto" else m.depthwise_impl)
   try:
     model = get_model(m.name, input_shape, num_classes, init=m.init,
-                      eval_conv_impl=m.eval_conv_impl, padding=m.padding,
+                      eval_conv_impl=m.eval_conv_impl, im2col_grad=m.im2col_grad,
+                      padding=m.padding,
                       precision=c.exec.precision, **model_opts)
   except TypeError as e:
     raise config_lib.ConfigError(_model_options_error(m.name, model_opts, e)) from None
@@ -281,4 +282,5 @@ def _model_options_error(name: str, given: dict, err: Exception) -> str:
   return (f"unknown config key 'model.{bad[0]}' for model {name!r}; allowed: "
           + ", ".join(sorted(set(known) | {"name", "cut", "norm", "conv_impl",
                                             "eval_conv_impl", "depthwise_impl", "init",
+                                            "im2col_grad",
                                             "padding"})))

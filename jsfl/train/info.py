@@ -82,6 +82,7 @@ def config_lines(cfg: dict) -> list[str]:
     mesh_text = f"invalid here ({e})"
   conv = config_lib.typed(cfg).model.conv_impl
   dw = config_lib.typed(cfg).model.depthwise_impl
+  grad = config_lib.typed(cfg).model.im2col_grad
   return [
       f"config: {cfg['method']['name']} on {cfg['dataset']['name']}, "
       f"{cfg['model']['name']}, {cfg['partition']['num_clients']} clients "
@@ -95,6 +96,8 @@ def config_lines(cfg: dict) -> list[str]:
       f"  exec.eval_batch = {x['eval_batch']} -> {eval_chunk(x['eval_batch'])}",
       f"  model.depthwise_impl = {dw} -> "
       f"{layers.default_depthwise_impl() if dw == 'auto' else dw}",
+      f"  model.im2col_grad = {grad} -> "
+      f"{layers.default_im2col_grad() if grad == 'auto' else grad}",
       f"  exec.client_pass = {x['client_pass']} -> "
       f"{default_client_pass() if x['client_pass'] == 'auto' else x['client_pass']}",
       f"  exec.precision = {x['precision']}",
