@@ -14,7 +14,10 @@ compile time and peak memory are its own):
   measurement;
 * ``bf16``: ``new`` with ``exec.precision = "bfloat16"``;
 * ``xla``: ``new`` with XLA's convolutions (their seed-aware VJP), the
-  memory-lean choice for spatial kernels.
+  memory-lean choice for spatial kernels;
+* ``patches``: ``new`` with im2col's kernel gradient from the patch matrix
+  (``model.im2col_grad``; the CPU's default, faster there, larger
+  temporaries), against ``new``'s per-tap form.
 
 Per cell: samples/s (median of ``--repeats`` timed rounds), compile
 seconds, JAX's peak bytes in use, XLA's memory analysis and, for the first
@@ -49,7 +52,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OLD = ["model.conv_impl=xla", "model.depthwise_impl=grouped", "exec.client_pass=batched"]
 LOWERINGS = {"new": [], "old": OLD, "bf16": ["exec.precision=bfloat16"],
              # XLA's convolutions with their seed-aware VJP, the rest as new
-             "xla": ["model.conv_impl=xla"]}
+             "xla": ["model.conv_impl=xla"],
+             "patches": ["model.im2col_grad=patches"]}
 
 # (model, seeds, lowering): the most telling first, so a time limit cuts the rest
 GRID = [("mobilenet_v1", 16, "new"), ("mobilenet_v1", 1, "new"), ("mobilenet_v1", 64, "new"),
@@ -57,7 +61,7 @@ GRID = [("mobilenet_v1", 16, "new"), ("mobilenet_v1", 1, "new"), ("mobilenet_v1"
         ("resnet18", 1, "new"), ("resnet18", 8, "xla"), ("resnet18", 8, "old"),
         ("resnet18", 32, "new"),
         ("mobilenet_v1", 1, "old"), ("resnet18", 1, "old"), ("mobilenet_v1", 64, "old"),
-        ("resnet18", 32, "old")]
+        ("resnet18", 32, "old"), ("resnet18", 8, "patches")]
 # the smoke test checks the plumbing (old lowering, bfloat16, the census) on
 # the cheapest model to compile
 SMOKE = [("small_cnn", 2, "old"), ("small_cnn", 1, "bf16")]
