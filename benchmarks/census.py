@@ -112,6 +112,8 @@ def as_backend(cfg: dict, backend: str) -> dict:
     m["depthwise_impl"] = layers.default_depthwise_impl(backend)
   if m.get("im2col_grad", "auto") == "auto":
     m["im2col_grad"] = layers.default_im2col_grad(backend)
+  if m.get("im2col_narrow", "auto") == "auto":
+    m["im2col_narrow"] = layers.default_im2col_narrow(backend)
   return cfg
 
 

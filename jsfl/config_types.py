@@ -66,6 +66,7 @@ class ModelSection:
   eval_conv_impl: str
   depthwise_impl: str
   im2col_grad: str
+  im2col_narrow: str
   padding: str
   extra: dict[str, Any]  # the section's other keys
 

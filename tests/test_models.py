@@ -128,12 +128,15 @@ def _lowering_cases(fn, impls, kernel, kernel_io, channels):
   return cases, run(x, w, cots)
 
 
-@pytest.mark.parametrize("grad", layers.IM2COL_GRADS)
+@pytest.mark.parametrize("form", layers.IM2COL_GRADS + layers.IM2COL_NARROWS)
 @pytest.mark.parametrize("kernel", [1, 3, 5, 7])
-def test_conv2d_im2col_matches_xla_values_and_grads(kernel, grad):
-  """Both forms of im2col's kernel gradient (the backend picks one)."""
-  cases, results = _lowering_cases(functools.partial(layers.conv2d, im2col_grad=grad),
-                                   ("xla", "im2col"), kernel, (3, 4), 3)
+def test_conv2d_im2col_matches_xla_values_and_grads(kernel, form):
+  """Every form of im2col (the backend picks them): both kernel gradients
+  over three channels, both one-channel lowerings over one."""
+  narrow = form in layers.IM2COL_NARROWS
+  conv = functools.partial(layers.conv2d, **{"im2col_narrow" if narrow else "im2col_grad": form})
+  channels = 1 if narrow else 3
+  cases, results = _lowering_cases(conv, ("xla", "im2col"), kernel, (channels, 4), channels)
   for (stride, padding), (outs, grads) in zip(cases, results):
     if padding in ("SAME", "TORCH"):  # odd kernels: the same shapes
       expect = (2, -(-9 // stride), -(-10 // stride), 4)

@@ -120,27 +120,55 @@ def test_im2col_keeps_the_input_not_its_patches(grad):
   assert held <= x.size + w.size + 64, held
 
 
-def test_model_im2col_grad_reaches_its_convolutions():
-  """``model.im2col_grad`` sets every im2col layer's backward: LeNet-5's
-  gradient has one kernel-gradient product per 5x5 tap under ``taps`` and
-  one per layer under ``patches``, and the two give the same gradient."""
+@pytest.mark.parametrize("kernel,stride,padding", [
+    (3, 1, "TORCH"), (3, 2, "TORCH"), (3, 2, "SAME"), (5, 1, "SAME"), (5, 2, "VALID")])
+def test_one_channel_im2col_under_the_seed_vmap_equals_xla(kernel, stride, padding):
+  """Both one-channel forms (a Fashion-MNIST stem), per-seed inputs and
+  weights, the gradient inside the vmap."""
+  for narrow in layers.IM2COL_NARROWS:
+    (y0, g0), (y1, g1) = _vmapped_case(
+        functools.partial(layers.conv2d, im2col_narrow=narrow), ("xla", "im2col"),
+        kernel, 1, 4, stride, padding)
+    assert float(jnp.abs(y0).max()) > 0.1
+    chex.assert_trees_all_close((y1, g1), (y0, g0), rtol=2e-5, atol=2e-5)
+
+
+def test_model_im2col_forms_reach_its_convolutions():
+  """``model.im2col_grad`` and ``model.im2col_narrow`` set every im2col
+  layer's forms: LeNet-5's gradient has one kernel-gradient product per 5x5
+  tap of conv2 under ``taps`` (and of conv1 too where it is a patch
+  matrix); its one-channel conv1 stacks its taps tap-major under
+  ``stacked`` and channel-minor under ``patches``; every combination gives
+  the same gradient."""
   from jsfl.models import get_model
   x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 28, 28, 1)), jnp.float32)
-  grads, dots = {}, {}
-  for form in layers.IM2COL_GRADS:
-    model = get_model("lenet5", (28, 28, 1), 10, conv_impl="im2col", im2col_grad=form)
-    params, stats = model.init(jax.random.key(0))
+  grads, texts = {}, {}
+  for grad_form in layers.IM2COL_GRADS:
+    for narrow in layers.IM2COL_NARROWS:
+      model = get_model("lenet5", (28, 28, 1), 10, conv_impl="im2col",
+                        im2col_grad=grad_form, im2col_narrow=narrow)
+      params, stats = model.init(jax.random.key(0))
 
-    def loss(p, model=model, stats=stats):
-      return jnp.sum(model.apply(p, stats, x, train=True)[0] ** 2)
+      def loss(p, model=model, stats=stats):
+        return jnp.sum(model.apply(p, stats, x, train=True)[0] ** 2)
 
-    grad = jax.jit(jax.grad(loss))
-    dots[form] = grad.lower(params).as_text().count("dot_general")
-    grads[form] = grad(params)
-  assert dots["taps"] >= dots["patches"] + 2 * 24, dots
-  chex.assert_trees_all_close(grads["taps"], grads["patches"], rtol=1e-4, atol=1e-5)
+      grad = jax.jit(jax.grad(loss))
+      texts[grad_form, narrow] = grad.lower(params).as_text()
+      grads[grad_form, narrow] = grad(params)
+  dots = {k: t.count("dot_general") for k, t in texts.items()}
+  assert dots["taps", "stacked"] == dots["patches", "stacked"] + 24, dots
+  assert dots["taps", "patches"] == dots["patches", "patches"] + 2 * 24, dots
+  for g in layers.IM2COL_GRADS:
+    assert "-> tensor<25x4x28x28x1xf32>" in texts[g, "stacked"]
+    assert "-> tensor<4x28x28x25xf32>" not in texts[g, "stacked"]
+    assert "-> tensor<4x28x28x25xf32>" in texts[g, "patches"]
+  first = grads["patches", "patches"]
+  for k, g in grads.items():
+    chex.assert_trees_all_close(g, first, rtol=1e-4, atol=1e-5, custom_message=str(k))
   with pytest.raises(ValueError, match="im2col_grad='cols'; allowed: auto, patches, taps"):
     get_model("lenet5", (28, 28, 1), 10, im2col_grad="cols")
+  with pytest.raises(ValueError, match="im2col_narrow='x'; allowed: auto, stacked, patches"):
+    get_model("lenet5", (28, 28, 1), 10, im2col_narrow="x")
 
 
 def test_im2col_kernel_gradient_form_per_backend():
@@ -148,9 +176,14 @@ def test_im2col_kernel_gradient_form_per_backend():
   there), the taps elsewhere (memory); a bad name is refused."""
   assert layers.default_im2col_grad("cpu") == "patches"
   assert layers.default_im2col_grad("gpu") == layers.default_im2col_grad("cuda") == "taps"
+  assert layers.default_im2col_narrow("cpu") == "stacked"
+  assert layers.default_im2col_narrow("gpu") == "patches"
   with pytest.raises(ValueError, match="im2col_grad='cols'; allowed"):
     layers.conv2d(jnp.ones((1, 4, 4, 1)), jnp.ones((3, 3, 1, 1)), impl="im2col",
                   im2col_grad="cols")
+  with pytest.raises(ValueError, match="im2col_narrow='sum'; allowed"):
+    layers.conv2d(jnp.ones((1, 4, 4, 1)), jnp.ones((3, 3, 1, 1)), impl="im2col",
+                  im2col_narrow="sum")
 
 
 def _rounds(method, setup, data, key, rounds=2):

@@ -68,6 +68,9 @@ class StagedModel:
     im2col_grad: the kernel-gradient form of its im2col convolutions
       (:data:`jsfl.models.layers.IM2COL_GRADS`); ``"auto"``: the backend's
       (:func:`jsfl.models.layers.default_im2col_grad`) when traced.
+    im2col_narrow: the form of its im2col convolutions over one input
+      channel (:data:`jsfl.models.layers.IM2COL_NARROWS`); ``"auto"``: the
+      backend's (:func:`jsfl.models.layers.default_im2col_narrow`) when traced.
     precision: the compute type of training forwards and their backward
       (:data:`PRECISIONS`): ``"bfloat16"`` runs every stage's matmuls and
       activations in bfloat16 from float32 parameters (a copy cast per
@@ -88,6 +91,7 @@ class StagedModel:
   eval_conv_impl: str = "same"
   padding: str = "same"
   im2col_grad: str = "auto"
+  im2col_narrow: str = "auto"
   precision: str = "float32"
   # Set once in __post_init__ (the dataclass is frozen): one graph definition
   # and one abstract (params, stats) pair per stage, and the graph
@@ -103,11 +107,13 @@ class StagedModel:
         for _, node in nnx.iter_graph(s):
           if hasattr(node, "use_torch_padding"):
             node.use_torch_padding()
-    if self.im2col_grad != "auto":
+    forms = {k: v for k, v in (("grad", self.im2col_grad), ("narrow", self.im2col_narrow))
+             if v != "auto"}
+    if forms:
       for s in stages:
         for _, node in nnx.iter_graph(s):
-          if hasattr(node, "use_im2col_grad"):
-            node.use_im2col_grad(self.im2col_grad)
+          if hasattr(node, "use_im2col"):
+            node.use_im2col(**forms)
     graphdefs, abstract = [], []
     for s in stages:
       g, p, b, rest = nnx.split(s, nnx.Param, nnx.BatchStat, ...)
@@ -244,13 +250,14 @@ def model_factory(name: str) -> Callable[..., StagedModel]:
 def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
               eval_conv_impl: str = "auto", padding: str = "torch",
               precision: str = "float32", im2col_grad: str = "auto",
-              **options: Any) -> StagedModel:
+              im2col_narrow: str = "auto", **options: Any) -> StagedModel:
   """Builds a registered model initialised by ``init``
   (:data:`jsfl.models.inits.INITS`), evaluated in ``eval_conv_impl``
   (:func:`jsfl.models.layers.inference_conv_impl`), its SAME layers padded
   by the ``padding`` convention (:attr:`StagedModel.padding`), trained in
-  ``precision`` (:attr:`StagedModel.precision`), its im2col kernel
-  gradients formed as ``im2col_grad`` says (:attr:`StagedModel.im2col_grad`); unknown names give a clear
+  ``precision`` (:attr:`StagedModel.precision`), its im2col convolutions
+  formed as ``im2col_grad`` and ``im2col_narrow`` say
+  (:attr:`StagedModel.im2col_grad`); unknown names give a clear
   ValueError, as does an input too small for it."""
   if name not in _REGISTRY:
     raise ValueError(f"model={name!r}; allowed: {', '.join(model_names())}")
@@ -263,13 +270,14 @@ def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
     raise ValueError(f"padding={padding!r}; allowed: {', '.join(layers.PADDING_MODES)}")
   if precision not in PRECISIONS:
     raise ValueError(f"precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
-  if im2col_grad not in ("auto",) + layers.IM2COL_GRADS:
-    raise ValueError(f"im2col_grad={im2col_grad!r}; allowed: "
-                     f"{', '.join(('auto',) + layers.IM2COL_GRADS)}")
+  for key, value, allowed in (("im2col_grad", im2col_grad, layers.IM2COL_GRADS),
+                              ("im2col_narrow", im2col_narrow, layers.IM2COL_NARROWS)):
+    if value not in ("auto",) + allowed:
+      raise ValueError(f"{key}={value!r}; allowed: {', '.join(('auto',) + allowed)}")
   try:
     return _cached(name, tuple(input_shape), int(num_classes),
                    tuple(sorted(options.items())), init, eval_conv_impl, padding,
-                   precision, im2col_grad)
+                   precision, im2col_grad, im2col_narrow)
   except InputTooSmall as e:
     # The net for models without their own check_input_size.
     raise ValueError(f"{name}: input_shape={tuple(input_shape)!r} is too small "
@@ -280,14 +288,15 @@ _CACHE: dict = {}
 
 
 def _cached(name, input_shape, num_classes, options, init, eval_conv_impl, padding,
-            precision, im2col_grad):
+            precision, im2col_grad, im2col_narrow):
   key = (name, input_shape, num_classes, options, init, eval_conv_impl, padding, precision,
-         im2col_grad)
+         im2col_grad, im2col_narrow)
   if key not in _CACHE:
     model = _REGISTRY[name](input_shape, num_classes, **dict(options))
     _CACHE[key] = dataclasses.replace(model, init_scheme=init,
                                       eval_conv_impl=eval_conv_impl, padding=padding,
-                                      precision=precision, im2col_grad=im2col_grad)
+                                      precision=precision, im2col_grad=im2col_grad,
+                                      im2col_narrow=im2col_narrow)
   return _CACHE[key]
 
 

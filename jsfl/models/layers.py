@@ -116,14 +116,32 @@ IM2COL_GRADS = ("patches", "taps")
 def default_im2col_grad(backend: str | None = None) -> str:
   """The kernel-gradient form of im2col's backward for ``backend``.
 
-  The CPU: ``patches``, twice as fast (a LeNet-5 training step on one core,
-  batch 64: 8.0k against 4.0k samples/s; its 5x5 kernels over one and six
-  channels make 25 thin products of the taps; ``benchmarks/im2col_grad.py``).
+  The CPU: ``patches``, faster and with fewer temporaries (a training step
+  on one core, batch 64: LeNet-5 5.9k against 3.6k samples/s, its 5x5
+  kernels over one and six channels making 25 thin products of the taps;
+  the small CNN 5.5k against 4.3k; ``benchmarks/im2col_forms.py``).
   Elsewhere ``taps``: the transient patch matrix is what held a ResNet-18
   round's part-1 at 4.5 GB on an H200 (``_conv_im2col``).
   """
   backend = backend or jax.default_backend()
   return "patches" if backend == "cpu" else "taps"
+
+
+# How im2col lowers a spatial convolution over one input channel (a
+# Fashion-MNIST stem): ``"stacked"`` stacks the ``kh * kw`` shifted views
+# tap-major (contiguous copies) and contracts the taps in one matmul;
+# ``"patches"`` builds the channel-minor patch matrix as for wider inputs, a
+# concatenation of one-channel views that is slow on the CPU.
+IM2COL_NARROWS = ("stacked", "patches")
+
+
+def default_im2col_narrow(backend: str | None = None) -> str:
+  """The one-channel im2col form for ``backend``: ``stacked`` on the CPU (a
+  LeNet-5 training step on one core, batch 64: 8.2k against 5.9k samples/s;
+  the small CNN 5.7k against 5.5k; ``benchmarks/im2col_forms.py``),
+  ``patches`` elsewhere (no measurement yet)."""
+  backend = backend or jax.default_backend()
+  return "stacked" if backend == "cpu" else "patches"
 
 
 def _same_pads(size: int, k: int, s: int) -> tuple[int, int, int]:
@@ -170,7 +188,8 @@ def _patches(x: jax.Array, kh: int, kw: int, stride: int, padding: str):
 
 
 def conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
-           impl: str = "xla", im2col_grad: str | None = None):
+           impl: str = "xla", im2col_grad: str | None = None,
+           im2col_narrow: str | None = None):
   """Dense 2-D convolution, NHWC input, HWIO kernel.
 
   Args:
@@ -182,6 +201,8 @@ def conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
       slices concatenated along channels, then one matmul).
     im2col_grad: how im2col's backward forms the kernel gradient
       (:data:`IM2COL_GRADS`); None: :func:`default_im2col_grad`.
+    im2col_narrow: how im2col lowers a spatial kernel over one input channel
+      (:data:`IM2COL_NARROWS`); None: :func:`default_im2col_narrow`.
 
   Returns:
     ``(B, H', W', Cout)``; both lowerings give the same values to float
@@ -198,6 +219,11 @@ def conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
   im2col_grad = im2col_grad or default_im2col_grad()
   if im2col_grad not in IM2COL_GRADS:
     raise ValueError(f"im2col_grad={im2col_grad!r}; allowed: {IM2COL_GRADS}")
+  im2col_narrow = im2col_narrow or default_im2col_narrow()
+  if im2col_narrow not in IM2COL_NARROWS:
+    raise ValueError(f"im2col_narrow={im2col_narrow!r}; allowed: {IM2COL_NARROWS}")
+  if cin == 1 and im2col_narrow == "stacked":
+    return _conv_narrow(x, kernel, stride, padding)
   return _conv_im2col(x, kernel, stride, padding, im2col_grad)
 
 
@@ -301,6 +327,40 @@ def _conv_im2col_bwd(stride, padding, grad, res, ct):
 _conv_im2col.defvjp(_conv_im2col_fwd, _conv_im2col_bwd)
 
 
+def _tap_rows(x, kh, kw, stride, padding):
+  """The one-channel input's taps stacked tap-major, ``(kh * kw, B * H' * W')``."""
+  taps, _, _ = _patches(x, kh, kw, stride, padding)
+  return jnp.stack(taps).reshape(kh * kw, -1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv_narrow(x, kernel, stride, padding):
+  """A spatial convolution over one input channel as one matmul over its
+  taps stacked tap-major (each tap one contiguous copy), with a VJP that
+  keeps the input and builds them again for the kernel gradient."""
+  kh, kw, _, cout = kernel.shape
+  _, oh, ow = _patches(x, kh, kw, stride, padding)
+  out = _tap_rows(x, kh, kw, stride, padding).T @ kernel.reshape(kh * kw, cout)
+  return out.reshape(x.shape[0], oh, ow, cout)
+
+
+def _conv_narrow_fwd(x, kernel, stride, padding):
+  return _conv_narrow(x, kernel, stride, padding), (x, kernel)
+
+
+def _conv_narrow_bwd(stride, padding, res, ct):
+  x, kernel = res
+  kh, kw, _, cout = kernel.shape
+  ct2 = ct.reshape(-1, cout)
+  rows, vjp = jax.vjp(lambda xx: _tap_rows(xx, kh, kw, stride, padding), x)
+  d_kernel = (rows @ ct2).reshape(kernel.shape)
+  (d_x,) = vjp(kernel.reshape(kh * kw, cout) @ ct2.T)
+  return d_x, d_kernel
+
+
+_conv_narrow.defvjp(_conv_narrow_fwd, _conv_narrow_bwd)
+
+
 def depthwise_conv2d(x, kernel, *, stride: int = 1, padding: str = "SAME",
                      impl: str = "grouped"):
   """Depthwise convolution, kernel ``(kh, kw, 1, C)``.
@@ -394,12 +454,15 @@ class Conv(nnx.Module):
     self.kernel = nnx.Param(_he_normal(rngs.params(), (kernel, kernel, cin, cout)))
     self.bias = nnx.Param(jnp.zeros((cout,))) if use_bias else None
     self.stride, self.padding, self.impl = stride, padding, impl
-    self.im2col_grad = None  # None: the backend's, when traced
+    # None: the backend's, when traced
+    self.im2col_grad = self.im2col_narrow = None
 
-  def use_im2col_grad(self, form: str) -> None:
-    """Sets the kernel-gradient form of an im2col lowering
-    (:data:`IM2COL_GRADS`), on an abstract layer as :meth:`use_torch_padding`."""
-    self.im2col_grad = form
+  def use_im2col(self, grad: str | None = None, narrow: str | None = None) -> None:
+    """Sets the forms of an im2col lowering (:data:`IM2COL_GRADS`,
+    :data:`IM2COL_NARROWS`; None keeps one), on an abstract layer as
+    :meth:`use_torch_padding`."""
+    self.im2col_grad = grad or self.im2col_grad
+    self.im2col_narrow = narrow or self.im2col_narrow
 
   def use_torch_padding(self) -> None:
     """SAME -> TORCH (:data:`PADDINGS`), on an abstract layer before its
@@ -414,7 +477,8 @@ class Conv(nnx.Module):
 
   def __call__(self, x, *, train: bool = False, mask=None):
     y = conv2d(x, self.kernel[...], stride=self.stride, padding=self.padding,
-               impl=self.impl, im2col_grad=self.im2col_grad)
+               impl=self.impl, im2col_grad=self.im2col_grad,
+               im2col_narrow=self.im2col_narrow)
     return y if self.bias is None else y + self.bias[...]
 
 

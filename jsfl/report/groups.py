@@ -25,7 +25,8 @@ IGNORED_FIELDS = frozenset({"run.name", "run.out_dir", "run.dir", "run.seed", "r
                             "run.step_confusion_steps",
                             "dataset.data_dir", "dataset.download", "dataset.path",
                             "model.conv_impl", "model.eval_conv_impl",
-                            "model.depthwise_impl", "model.im2col_grad"})
+                            "model.depthwise_impl", "model.im2col_grad",
+                            "model.im2col_narrow"})
 IGNORED_SECTIONS = ("exec",)
 # exec keys that change what a run computes, not only how it runs
 COMPARED_EXEC_FIELDS = frozenset({"exec.precision"})

@@ -221,6 +221,7 @@ def build_model(cfg: dict, input_shape, num_classes: int):
   try:
     model = get_model(m.name, input_shape, num_classes, init=m.init,
                       eval_conv_impl=m.eval_conv_impl, im2col_grad=m.im2col_grad,
+                      im2col_narrow=m.im2col_narrow,
                       padding=m.padding,
                       precision=c.exec.precision, **model_opts)
   except TypeError as e:
@@ -282,5 +283,5 @@ def _model_options_error(name: str, given: dict, err: Exception) -> str:
   return (f"unknown config key 'model.{bad[0]}' for model {name!r}; allowed: "
           + ", ".join(sorted(set(known) | {"name", "cut", "norm", "conv_impl",
                                             "eval_conv_impl", "depthwise_impl", "init",
-                                            "im2col_grad",
+                                            "im2col_grad", "im2col_narrow",
                                             "padding"})))

@@ -83,6 +83,7 @@ def config_lines(cfg: dict) -> list[str]:
   conv = config_lib.typed(cfg).model.conv_impl
   dw = config_lib.typed(cfg).model.depthwise_impl
   grad = config_lib.typed(cfg).model.im2col_grad
+  narrow = config_lib.typed(cfg).model.im2col_narrow
   return [
       f"config: {cfg['method']['name']} on {cfg['dataset']['name']}, "
       f"{cfg['model']['name']}, {cfg['partition']['num_clients']} clients "
@@ -98,6 +99,8 @@ def config_lines(cfg: dict) -> list[str]:
       f"{layers.default_depthwise_impl() if dw == 'auto' else dw}",
       f"  model.im2col_grad = {grad} -> "
       f"{layers.default_im2col_grad() if grad == 'auto' else grad}",
+      f"  model.im2col_narrow = {narrow} -> "
+      f"{layers.default_im2col_narrow() if narrow == 'auto' else narrow}",
       f"  exec.client_pass = {x['client_pass']} -> "
       f"{default_client_pass() if x['client_pass'] == 'auto' else x['client_pass']}",
       f"  exec.precision = {x['precision']}",

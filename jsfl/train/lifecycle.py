@@ -49,6 +49,7 @@ def write_run_files(cfg: dict, exp, out: str, mesh) -> None:
                    "seed_exec": exp.seed_exec,
                    "default_depthwise_impl": layers.default_depthwise_impl(),
                    "default_im2col_grad": layers.default_im2col_grad(),
+                   "default_im2col_narrow": layers.default_im2col_narrow(),
                    "mesh": dict(mesh.shape) if mesh is not None else None,
                    "processes": jax.process_count()},
       # A program of several cells: each one's config, for resume and the split.
