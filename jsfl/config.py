@@ -145,7 +145,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "depthwise_impl": _f(str, "auto", "depthwise conv lowering", ("auto", "grouped", "shifts")),
         "im2col_grad": _f(str, "auto", "kernel gradient of im2col convolutions: patches = "
                           "one matmul with the patch matrix built again (auto on the CPU: "
-                          "twice the rate); taps = a product per kernel tap, never holding "
+                          "1.3-1.6x the rate); taps = a product per kernel tap, never holding "
                           "the patch matrix (auto elsewhere: memory)",
                           ("auto", "patches", "taps")),
         "im2col_narrow": _f(str, "auto", "im2col convolutions over one input channel: "

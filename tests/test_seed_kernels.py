@@ -172,7 +172,7 @@ def test_model_im2col_forms_reach_its_convolutions():
 
 
 def test_im2col_kernel_gradient_form_per_backend():
-  """The patch matrix on the CPU (one matmul: twice the rate of the taps
+  """The patch matrix on the CPU (one matmul: 1.3-1.6x the rate of the taps
   there), the taps elsewhere (memory); a bad name is refused."""
   assert layers.default_im2col_grad("cpu") == "patches"
   assert layers.default_im2col_grad("gpu") == layers.default_im2col_grad("cuda") == "taps"
