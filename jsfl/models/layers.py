@@ -313,13 +313,13 @@ def _conv_im2col_bwd(stride, padding, grad, res, ct):
   if grad == "taps":
     x, ct = lax.optimization_barrier((x, ct))
   ct2 = ct.reshape(-1, cout)
+  cols, vjp = jax.vjp(lambda xx: _cols(xx, kh, kw, stride, padding)[0], x)
   if grad == "patches":
-    d_kernel = (_cols(x, kh, kw, stride, padding)[0].T @ ct2).reshape(kernel.shape)
-  else:
+    d_kernel = (cols.T @ ct2).reshape(kernel.shape)
+  else:  # cols goes unused (XLA drops it)
     taps, _, _ = _patches(x, kh, kw, stride, padding)
     d_kernel = jnp.stack([tap.reshape(-1, cin).T @ ct2
                           for tap in taps]).reshape(kernel.shape)
-  _, vjp = jax.vjp(lambda xx: _cols(xx, kh, kw, stride, padding)[0], x)
   (d_x,) = vjp(ct2 @ kernel.reshape(kh * kw * cin, cout).T)
   return d_x, d_kernel
 
@@ -328,9 +328,10 @@ _conv_im2col.defvjp(_conv_im2col_fwd, _conv_im2col_bwd)
 
 
 def _tap_rows(x, kh, kw, stride, padding):
-  """The one-channel input's taps stacked tap-major, ``(kh * kw, B * H' * W')``."""
-  taps, _, _ = _patches(x, kh, kw, stride, padding)
-  return jnp.stack(taps).reshape(kh * kw, -1)
+  """The one-channel input's taps stacked tap-major, ``(kh * kw, B * H' * W')``,
+  and the output size."""
+  taps, oh, ow = _patches(x, kh, kw, stride, padding)
+  return jnp.stack(taps).reshape(kh * kw, -1), oh, ow
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -339,9 +340,8 @@ def _conv_narrow(x, kernel, stride, padding):
   taps stacked tap-major (each tap one contiguous copy), with a VJP that
   keeps the input and builds them again for the kernel gradient."""
   kh, kw, _, cout = kernel.shape
-  _, oh, ow = _patches(x, kh, kw, stride, padding)
-  out = _tap_rows(x, kh, kw, stride, padding).T @ kernel.reshape(kh * kw, cout)
-  return out.reshape(x.shape[0], oh, ow, cout)
+  rows, oh, ow = _tap_rows(x, kh, kw, stride, padding)
+  return (rows.T @ kernel.reshape(kh * kw, cout)).reshape(x.shape[0], oh, ow, cout)
 
 
 def _conv_narrow_fwd(x, kernel, stride, padding):
@@ -352,7 +352,7 @@ def _conv_narrow_bwd(stride, padding, res, ct):
   x, kernel = res
   kh, kw, _, cout = kernel.shape
   ct2 = ct.reshape(-1, cout)
-  rows, vjp = jax.vjp(lambda xx: _tap_rows(xx, kh, kw, stride, padding), x)
+  rows, vjp = jax.vjp(lambda xx: _tap_rows(xx, kh, kw, stride, padding)[0], x)
   d_kernel = (rows @ ct2).reshape(kernel.shape)
   (d_x,) = vjp(kernel.reshape(kh * kw, cout) @ ct2.T)
   return d_x, d_kernel
