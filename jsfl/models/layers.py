@@ -455,7 +455,8 @@ class Conv(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((cout,))) if use_bias else None
     self.stride, self.padding, self.impl = stride, padding, impl
     # None: the backend's, when traced
-    self.im2col_grad = self.im2col_narrow = None
+    self.im2col_grad: str | None = None
+    self.im2col_narrow: str | None = None
 
   def use_im2col(self, grad: str | None = None, narrow: str | None = None) -> None:
     """Sets the forms of an im2col lowering (:data:`IM2COL_GRADS`,
