@@ -17,7 +17,8 @@
 #      vs_authors: 470 s at most, in all), DEADLINE (fill, seed_kernels: no cell started
 #      after it, 400 s; vs_authors: 300 s); fill: FILL_CELLS (MODEL:SEEDS:LOWERING words
 #      instead of the whole grid); vs_authors: PY (the authors' python, python3),
-#      CLONE (.gpu_carry/Hydra), FMNIST_DIR (.gpu_carry/fmnist), NSEEDS (8), CACHE (off:
+#      CLONE (.gpu_carry/Hydra), FMNIST_DIR (.gpu_carry/fmnist), NSEEDS (8: their
+#      processes), JSFL_SEEDS (NSEEDS: jsfl's slots in its one program), CACHE (off:
 #      jsfl compiles cold; warm: a one-round run fills its compilation cache first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,7 +93,10 @@ vs_authors() {
     done
     return
   fi
-  # N seeds: N of their processes (cores / N torch threads each) against N slots.
+  # N seeds: N of their processes (cores / N torch threads each) against N slots
+  # (JSFL_SEEDS: another slot count; seed-runs per hour are rates, so the two
+  # sides need not run as many seeds: their N processes fill the machine's cores,
+  # jsfl's compiled round and start-up are shared by all of its slots).
   # Measured on the H200 (results/gpu-h200-20261127/): the small-CNN pair
   # took ~220 s (SFL cyclic ~110 s), MobileNetV1's SFL cyclic alone 239 s
   # (their 8 processes ~140 s, jsfl's cold compilation ~60 s of its ~70 s).
@@ -101,6 +105,7 @@ vs_authors() {
   # start), so each model gets SFL cyclic (~350 s) and Hydra cyclic follows
   # only where a later DEADLINE leaves time.
   local t0=$SECONDS n=${NSEEDS:-8} deadline=${DEADLINE:-300} used
+  local slots=${JSFL_SEEDS:-${NSEEDS:-8}}
   local budget=$((limit < 470 ? limit : 470)) threads=$(($(nproc) / n))
   local limit  # part's time limit, this model's share of the budget
   ((threads >= 1)) || threads=1
@@ -116,7 +121,7 @@ vs_authors() {
     fi
     part "vs_authors_$model" hydra_vs_authors.py "${common[@]}" --model "$model" \
       --cells sfl_cyclic hydra_cyclic \
-      --rounds "${rounds[$model]}" --procs "$n" --seeds "$n" --threads "$threads" \
+      --rounds "${rounds[$model]}" --procs "$n" --seeds "$slots" --threads "$threads" \
       --deadline "$((until[$model] - used))" || echo "== vs_authors_$model: exit $?"
   done
 }
