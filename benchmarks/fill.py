@@ -17,13 +17,23 @@ compile time and peak memory are its own):
   memory-lean choice for spatial kernels;
 * ``patches``: ``new`` with im2col's kernel gradient from the patch matrix
   (``model.im2col_grad``; the CPU's default, faster there, larger
-  temporaries), against ``new``'s per-tap form.
+  temporaries), against ``new``'s per-tap form;
+* ``graphs``: ``new`` with XLA:GPU's command buffers (CUDA graphs) also
+  recording loops and branches (``+WHILE,+CONDITIONAL``): a round's scans
+  over visits and batch steps, and the cond that skips a padded step, then
+  replay as graphs instead of each iteration's kernels being launched, and
+  its condition read back, by the host (the flag does nothing elsewhere).
 
 Per cell: samples/s (median of ``--repeats`` timed rounds), compile
 seconds, JAX's peak bytes in use, XLA's memory analysis and, for the first
 cell, a census of the compiled program's cuDNN / cuBLAS calls (its
-optimised HLO).  Rows are written as they finish
-(``fill-partial.json``); ``--deadline`` stops starting cells.
+optimised HLO).  ``--profile N`` traces N more rounds of every cell with
+JAX's profiler after the timed ones and adds ``trace_summary.py``'s reading
+(the device's busy fraction of the rounds' wall time, kernels and
+device-to-host copies a round, the costliest ops) as the row's ``trace``;
+the trace itself is kept beside the JSON
+(``fill-trace-MODEL-SEEDS-LOWERING.trace.json.gz``).  Rows are written as
+they finish (``fill-partial.json``); ``--deadline`` stops starting cells.
 
 Usage::
 
@@ -53,7 +63,9 @@ OLD = ["model.conv_impl=xla", "model.depthwise_impl=grouped", "exec.client_pass=
 LOWERINGS = {"new": [], "old": OLD, "bf16": ["exec.precision=bfloat16"],
              # XLA's convolutions with their seed-aware VJP, the rest as new
              "xla": ["model.conv_impl=xla"],
-             "patches": ["model.im2col_grad=patches"]}
+             "patches": ["model.im2col_grad=patches"], "graphs": []}
+# lowerings that differ in the compiler's flags (the worker's environment)
+LOWERING_XLA_FLAGS = {"graphs": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"}
 
 # (model, seeds, lowering): the most telling first, so a time limit cuts the rest
 GRID = [("mobilenet_v1", 16, "new"), ("mobilenet_v1", 1, "new"), ("mobilenet_v1", 64, "new"),
@@ -61,10 +73,11 @@ GRID = [("mobilenet_v1", 16, "new"), ("mobilenet_v1", 1, "new"), ("mobilenet_v1"
         ("resnet18", 1, "new"), ("resnet18", 8, "xla"), ("resnet18", 8, "old"),
         ("resnet18", 32, "new"),
         ("mobilenet_v1", 1, "old"), ("resnet18", 1, "old"), ("mobilenet_v1", 64, "old"),
-        ("resnet18", 32, "old"), ("resnet18", 8, "patches")]
+        ("resnet18", 32, "old"), ("resnet18", 8, "patches"), ("mobilenet_v1", 16, "graphs"),
+        ("resnet18", 8, "graphs")]
 # the smoke test checks the plumbing (old lowering, bfloat16, the census) on
 # the cheapest model to compile
-SMOKE = [("small_cnn", 2, "old"), ("small_cnn", 1, "bf16")]
+SMOKE = [("small_cnn", 2, "old"), ("small_cnn", 1, "bf16"), ("small_cnn", 1, "graphs")]
 
 
 def overrides(model, seeds, lowering, args) -> list[str]:
@@ -79,6 +92,46 @@ def overrides(model, seeds, lowering, args) -> list[str]:
       "optim.momentum=0.5", "exec.seed_exec=vmap", "exec.client_exec=vmap",
       "exec.progress=false", "exec.compile_cache=off",
       *LOWERINGS[lowering]]
+
+
+def cell_env(lowering: str) -> dict:
+  """The worker's environment: this one's, with the lowering's XLA flags
+  appended to any the user set."""
+  env = dict(os.environ)
+  extra = LOWERING_XLA_FLAGS.get(lowering)
+  if extra:
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {extra}".strip()
+  return env
+
+
+def profile_rounds(compiled, state, slot, shared, keys, first: int, rounds: int,
+                   keep: str | None) -> dict:
+  """Traces ``rounds`` calls of the round program with JAX's profiler and
+  reads the trace (:mod:`trace_summary`); ``keep``: where to copy the
+  trace."""
+  import glob
+  import shutil
+  import tempfile
+
+  import jax
+  from trace_summary import load, summarize
+
+  from jsfl.train import programs
+  with tempfile.TemporaryDirectory() as tmp:
+    jax.profiler.start_trace(tmp, create_perfetto_trace=True)
+    t = time.perf_counter()
+    for r in range(first, first + rounds):
+      state, m = compiled(state, slot, programs.round_keys(keys, r), shared)
+      jax.block_until_ready((state, m))
+    wall = time.perf_counter() - t
+    jax.profiler.stop_trace()
+    (path,) = glob.glob(f"{tmp}/plugins/profile/*/*.trace.json.gz")
+    summary = summarize(load(path), rounds, wall)
+    if keep:
+      os.makedirs(os.path.dirname(keep), exist_ok=True)
+      shutil.copyfile(path, keep)
+      summary["file"] = os.path.basename(keep)
+  return summary
 
 
 def worker(cell: dict, repeats: int, census_calls: bool) -> dict:
@@ -128,6 +181,9 @@ def worker(cell: dict, repeats: int, census_calls: bool) -> dict:
              samples_per_s=round(samples / statistics.median(times), 1),
              peak_bytes=stats.get("peak_bytes_in_use"),
              loss=float(jax.numpy.mean(m["loss"])))
+  if cell.get("profile"):
+    out["trace"] = profile_rounds(compiled, state, slot, shared, keys, repeats + 1,
+                                  cell["profile"], cell.get("trace_file"))
   return out
 
 
@@ -144,6 +200,8 @@ def main():
   ap.add_argument("--deadline", type=float, default=None,
                   help="seconds after which no further cell is started")
   ap.add_argument("--cell-timeout", type=float, default=300)
+  ap.add_argument("--profile", type=int, default=0, metavar="N",
+                  help="trace N more rounds of each cell with JAX's profiler (0: off)")
   ap.add_argument("--out", default=_results.DIR)
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
@@ -167,12 +225,14 @@ def main():
       res.setdefault("skipped", []).append(row)
       continue
     cell = {"overrides": overrides(model, int(seeds), lowering, args),
-            "repeats": args.repeats, "census": i == 0}
+            "repeats": args.repeats, "census": i == 0, "profile": args.profile,
+            "trace_file": os.path.join(os.path.abspath(args.out),
+                                       f"fill-trace-{model}-{seeds}-{lowering}.trace.json.gz")}
     t = time.perf_counter()
     try:
       proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cell)],
                             capture_output=True, text=True, timeout=args.cell_timeout,
-                            check=False)
+                            check=False, env=cell_env(lowering))
       lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
       if lines:
         row.update(json.loads(lines[-1][7:]))
@@ -193,6 +253,11 @@ def main():
         f"{row['samples_per_s']:11,.0f} samples/s  compile {row['compile_s']:6.1f} s  "
         f"peak {(row.get('peak_bytes') or 0) / 2**30:6.2f} GiB  program "
         f"{(row.get('program_bytes') or 0) / 2**30:6.2f} GiB"), flush=True)
+    for dev in row.get("trace", {}).get("devices", []):
+      print(f"  trace: {dev['device']} busy {dev.get('busy_fraction', 0):.0%} of the round, "
+            f"{dev['kernels_per_round']:,.0f} kernels (median {dev['median_kernel_us']} us), "
+            f"{dev['device_to_host_copies_per_round']:,.0f} device-to-host copies a round",
+            flush=True)
     _results.write_partial(args.out, "fill", res)
   backend = (res["machine"] or {}).get("backend", "unknown")
   path = _results.write_json(_results.path(args.out, "fill", backend, _results.host()), res)

@@ -16,7 +16,8 @@
 # Env: OUT (benchmarks/results/gpu-<host>-<date>), PYTHON (python), LIMIT (540 s a part;
 #      vs_authors: 470 s at most, in all), DEADLINE (fill, seed_kernels: no cell started
 #      after it, 400 s; vs_authors: 300 s); fill: FILL_CELLS (MODEL:SEEDS:LOWERING words
-#      instead of the whole grid); vs_authors: PY (the authors' python, python3),
+#      instead of the whole grid), PROFILE (N: trace N more rounds of each cell);
+#      vs_authors: PY (the authors' python, python3),
 #      CLONE (.gpu_carry/Hydra), FMNIST_DIR (.gpu_carry/fmnist), NSEEDS (8: their
 #      processes), JSFL_SEEDS (NSEEDS: jsfl's slots in its one program), CACHE (off:
 #      jsfl compiles cold; warm: a one-round run fills its compilation cache first).
@@ -149,13 +150,14 @@ for p in "${parts[@]}"; do
       fi ;;
     fill)  # how far seeds fill the card: old and new lowerings, bfloat16 (benchmarks/fill.py)
       if ((smoke)); then
-        part fill fill.py --smoke
+        part fill fill.py --smoke --profile 1
       else  # ~30-60 s a cell on an H100/H200 (compilation most of it); the most
         # telling cells first, none started after DEADLINE (default 400 s)
         # FILL_CELLS: "model:seeds:lowering ..." instead of the whole grid
         # shellcheck disable=SC2086  # the cells are words
+        # PROFILE=N: trace N more rounds of each cell (fill.py --profile)
         part fill fill.py --deadline "${DEADLINE:-400}" --cell-timeout 180 \
-          ${FILL_CELLS:+--cells $FILL_CELLS}
+          ${FILL_CELLS:+--cells $FILL_CELLS} ${PROFILE:+--profile $PROFILE}
       fi ;;
     seed_kernels)  # the server visit alone under each lowering (benchmarks/seed_kernels.py)
       if ((smoke)); then

@@ -38,6 +38,12 @@ def test_gpu_script_smoke(tmp_path, part):
         n.startswith("vs_torch-") for n in names), vs[-2000:]
   else:
     assert any(n.startswith(f"{part}-") for n in names), names
+  if part == "fill":  # every cell traced one more round, its trace kept and read
+    (res,) = [json.loads(p.read_text()) for p in tmp_path.glob("fill-cpu-*.json")]
+    assert {r["lowering"] for r in res["rows"]} == {"old", "bf16", "graphs"}
+    for row in res["rows"]:
+      assert row["trace"]["rounds"] == 1 and row["trace"]["lanes"], row.get("error")
+      assert (tmp_path / row["trace"]["file"]).stat().st_size > 0
 
 
 def test_gpu_script_rejects_unknown_part(tmp_path):
