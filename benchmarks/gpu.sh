@@ -8,7 +8,7 @@
 #
 # Usage: bash benchmarks/gpu.sh [--smoke] [PART...]
 #   parts: fill seed_kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18
-#          throughput scaling sweep vs_authors (default: all, in that order; run them one
+#          throughput scaling sweep vs_authors profile_run (default: all, in that order; run them one
 #          call each where a call is time-limited; fill first: it sets the GPU defaults)
 #   --smoke: the same scripts at toy sizes on any backend (the test suite runs
 #          it on the CPU); vs_torch is skipped where torch is not installed, vs_authors
@@ -27,7 +27,8 @@ smoke=0
 if [[ ${1:-} == --smoke ]]; then smoke=1; shift; fi
 parts=("$@")
 [[ ${#parts[@]} -gt 0 ]] || parts=(fill seed_kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl
-                                   vs_torch_resnet18 throughput scaling sweep vs_authors)
+                                   vs_torch_resnet18 throughput scaling sweep vs_authors
+                                   profile_run)
 # The benchmarks import jsfl from this checkout whether or not it is installed.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python}
@@ -173,9 +174,20 @@ for p in "${parts[@]}"; do
         part sweep sweep.py --rounds 5 --train-size 60000 --test-size 10000
       fi ;;
     vs_authors) vs_authors ;;  # the Hydra authors' scripts side by side against jsfl
+    profile_run)  # a whole `jsfl run` round traced: training, evaluation, records
+      if ((smoke)); then
+        part profile_run profile_run.py --smoke
+      else  # the vs_authors cells at JSFL_SEEDS (8) seeds; ~30-70 s each, compilation most
+        data=()  # the carried Fashion-MNIST where there is one, else jsfl's default place
+        [[ -d ${FMNIST_DIR:-.gpu_carry/fmnist} ]] && data=(--data-dir "${FMNIST_DIR:-.gpu_carry/fmnist}")
+        for model in small_cnn mobilenet; do
+          part "profile_run_$model" profile_run.py --model "$model" --seeds "${JSFL_SEEDS:-8}" \
+            "${data[@]}"
+        done
+      fi ;;
     *) echo "unknown part '$p'; allowed: fill seed_kernels vs_torch_mobilenet" \
             "vs_torch_mobilenet_multisfl vs_torch_resnet18 throughput scaling sweep" \
-            "vs_authors" >&2
+            "vs_authors profile_run" >&2
        exit 2 ;;
   esac
 done

@@ -11,10 +11,11 @@ module reads one and reports, per round traced:
   once) and its costliest event names (numbered HLO names such as
   ``fusion.12`` keep their number: each is one op);
 * per device: the busy time of its streams (lanes named ``Stream ...``), as
-  a fraction of the rounds' wall time when that is given (what a
-  launch-bound or synchronising program leaves idle), the kernels a round
-  launches, and its memory copies (a device-to-host copy inside a round is
-  a loop or branch condition read back by the host).
+  a fraction of the rounds' wall time when that is given, else of the
+  traced window (what a launch-bound or synchronising program, or the host's
+  work between programs, leaves idle), the kernels a round launches, and
+  its memory copies (a device-to-host copy inside a round is a loop or
+  branch condition read back by the host).
 
 On the CPU the trace has no device process; the host lanes (the PjRt
 client's executor threads) are the round's ops.
@@ -93,6 +94,13 @@ def summarize(trace: dict, rounds: int = 1, wall_s: float | None = None,
     if e.get("ph") == "X" and "dur" in e:
       lanes[(e.get("pid"), e.get("tid"))].append(e)
   per = 1.0 / max(rounds, 1)
+  # the traced span, less the profiler's own start and stop (a stop can take
+  # longer than a round): what the busy fractions are of when the caller
+  # gives no wall time
+  own = [e for evs in lanes.values() for e in evs
+         if "start_trace" not in e["name"] and "stop_trace" not in e["name"]]
+  window = (max(e["ts"] + e["dur"] for e in own) - min(e["ts"] for e in own)) if own else 0.0
+  denominator = wall_s * 1e6 if wall_s else window
   out_lanes = []
   busiest = sorted(lanes.items(), key=lambda kv: -sum(e["dur"] for e in kv[1]))[:max_lanes]
   for (pid, tid), evs in busiest:
@@ -129,10 +137,12 @@ def summarize(trace: dict, rounds: int = 1, wall_s: float | None = None,
                                 if kernels else None),
            "copies_per_round": round(len(copies) * per, 1),
            "device_to_host_copies_per_round": round(len(d2h) * per, 1)}
-    if wall_s:
-      row["busy_fraction"] = round(busy / (wall_s * 1e6), 4)
+    if denominator:
+      row["busy_fraction"] = round(busy / denominator, 4)
     out_devices.append(row)
-  res = {"rounds": rounds, "lanes": out_lanes, "devices": out_devices}
+  res = {"rounds": rounds, "fraction_of": "wall" if wall_s else "window",
+         "window_ms_per_round": round(window * per / 1e3, 3),
+         "lanes": out_lanes, "devices": out_devices}
   if wall_s:
     res["wall_ms_per_round"] = round(wall_s * 1e3 * per, 3)
   return res

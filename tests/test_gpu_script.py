@@ -14,9 +14,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # One call per part (as on a time-limited GPU machine), so the test runner
 # spreads them over its workers.  The parts a lease runs first (fill,
-# seed_kernels) run in CI; scaling and sweep, measured on the H100 already,
+# seed_kernels, profile_run) run in CI; scaling and sweep, measured on the H100 already,
 # in the slow suite (`make test-slow` before a lease that runs them).
-@pytest.mark.parametrize("part", ["fill", "seed_kernels", "throughput",
+@pytest.mark.parametrize("part", ["fill", "seed_kernels", "throughput", "profile_run",
                                   pytest.param("scaling", marks=pytest.mark.slow),
                                   pytest.param("sweep", marks=pytest.mark.slow),
                                   "vs_torch_resnet18"])
@@ -38,6 +38,11 @@ def test_gpu_script_smoke(tmp_path, part):
         n.startswith("vs_torch-") for n in names), vs[-2000:]
   else:
     assert any(n.startswith(f"{part}-") for n in names), names
+  if part == "profile_run":  # the traced round read, its trace kept beside the JSON
+    (res,) = [json.loads(p.read_text()) for p in tmp_path.glob("profile_run-*.json")]
+    assert res["profiled_rounds"] == [2, 2] and res["round_program_ms"] > 0
+    assert res["trace"]["window_ms_per_round"] >= res["round_program_ms"]
+    assert (tmp_path / res["trace"]["file"]).stat().st_size > 0
   if part == "fill":  # every cell traced one more round, its trace kept and read
     (res,) = [json.loads(p.read_text()) for p in tmp_path.glob("fill-cpu-*.json")]
     assert {r["lowering"] for r in res["rows"]} == {"old", "bf16", "graphs"}

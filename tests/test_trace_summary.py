@@ -58,7 +58,7 @@ def test_device_figures_per_round():
   assert dev["kernel_ms_per_round"] == pytest.approx(0.5)
   assert dev["median_kernel_us"] == 100
   assert dev["copies_per_round"] == 1 and dev["device_to_host_copies_per_round"] == 1
-  assert res["wall_ms_per_round"] == pytest.approx(1.0)
+  assert res["wall_ms_per_round"] == pytest.approx(1.0) and res["fraction_of"] == "wall"
   lanes = {(x["process"], x["thread"]): x for x in res["lanes"]}
   compute = lanes[("/device:GPU:0", "Stream #13(Compute)")]
   assert compute["events_per_round"] == 3
@@ -72,9 +72,21 @@ def test_device_without_stream_lanes_uses_its_other_lanes():
   for e in tr["traceEvents"]:  # an export that names streams otherwise
     if e.get("name") == "thread_name" and e["args"]["name"].startswith("Stream"):
       e["args"]["name"] = e["args"]["name"].replace("Stream ", "GPU stream ")
-  (dev,) = ts.summarize(tr, rounds=2)["devices"]
+  res = ts.summarize(tr, rounds=2)
+  (dev,) = res["devices"]
   assert sorted(dev["streams"]) == ["GPU stream #13(Compute)", "GPU stream #14(MemcpyD2H)"]
-  assert dev["kernels_per_round"] == 3 and "busy_fraction" not in dev
+  assert dev["kernels_per_round"] == 3
+  # no wall time given: fractions of the traced window (0 to 2,000 us)
+  assert res["fraction_of"] == "window" and res["window_ms_per_round"] == pytest.approx(1.0)
+  assert dev["busy_fraction"] == pytest.approx(0.5)
+
+
+def test_the_profilers_own_events_are_outside_the_window():
+  tr = _gpu_trace()
+  tr["traceEvents"].append({"ph": "X", "pid": 2, "tid": 20, "ts": 2000, "dur": 8000,
+                            "name": "$profiler.py:271 stop_trace"})
+  res = ts.summarize(tr, rounds=2)
+  assert res["window_ms_per_round"] == pytest.approx(1.0)
 
 
 def test_reads_a_cpu_trace_of_jax(tmp_path):
