@@ -31,9 +31,11 @@ optimised HLO).  ``--profile N`` traces N more rounds of every cell with
 JAX's profiler after the timed ones and adds ``trace_summary.py``'s reading
 (the device's busy fraction of the rounds' wall time, kernels and
 device-to-host copies a round, the costliest ops) as the row's ``trace``;
-the trace itself is kept beside the JSON
-(``fill-trace-MODEL-SEEDS-LOWERING.trace.json.gz``).  Rows are written as
-they finish (``fill-partial.json``); ``--deadline`` stops starting cells.
+the traces themselves go into one ``fill-traces.tar`` beside the JSON
+(``MODEL-SEEDS-LOWERING.trace.json.gz`` members, appended as cells finish,
+while the archive stays under ``--trace-mib``: a GPU lease returns a few
+files of bounded size).  Rows are written as they finish
+(``fill-partial.json``); ``--deadline`` stops starting cells.
 
 Usage::
 
@@ -108,7 +110,7 @@ def profile_rounds(compiled, state, slot, shared, keys, first: int, rounds: int,
                    keep: str | None) -> dict:
   """Traces ``rounds`` calls of the round program with JAX's profiler and
   reads the trace (:mod:`trace_summary`); ``keep``: where to copy the
-  trace."""
+  trace (the parent archives it: :func:`archive_trace`)."""
   import glob
   import shutil
   import tempfile
@@ -130,8 +132,24 @@ def profile_rounds(compiled, state, slot, shared, keys, first: int, rounds: int,
     if keep:
       os.makedirs(os.path.dirname(keep), exist_ok=True)
       shutil.copyfile(path, keep)
-      summary["file"] = os.path.basename(keep)
   return summary
+
+
+def archive_trace(trace: str, tar_path: str, budget_mib: float) -> str | None:
+  """Appends ``trace`` to the tar at ``tar_path`` (its name less the leading
+  dot) unless that would take the archive past ``budget_mib``; removes
+  ``trace`` either way.  Returns ``TAR:MEMBER`` where it was kept."""
+  import tarfile
+  member = os.path.basename(trace).lstrip(".")
+  size = os.path.getsize(trace) + 1024 + (os.path.getsize(tar_path)
+                                          if os.path.exists(tar_path) else 10240)
+  kept = None
+  if size <= budget_mib * 2**20:
+    with tarfile.open(tar_path, "a") as tar:
+      tar.add(trace, arcname=member)
+    kept = f"{os.path.basename(tar_path)}:{member}"
+  os.remove(trace)
+  return kept
 
 
 def worker(cell: dict, repeats: int, census_calls: bool) -> dict:
@@ -202,6 +220,8 @@ def main():
   ap.add_argument("--cell-timeout", type=float, default=300)
   ap.add_argument("--profile", type=int, default=0, metavar="N",
                   help="trace N more rounds of each cell with JAX's profiler (0: off)")
+  ap.add_argument("--trace-mib", type=float, default=14,
+                  help="most MiB of traces kept in fill-traces.tar")
   ap.add_argument("--out", default=_results.DIR)
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
@@ -227,7 +247,7 @@ def main():
     cell = {"overrides": overrides(model, int(seeds), lowering, args),
             "repeats": args.repeats, "census": i == 0, "profile": args.profile,
             "trace_file": os.path.join(os.path.abspath(args.out),
-                                       f"fill-trace-{model}-{seeds}-{lowering}.trace.json.gz")}
+                                       f".{model}-{seeds}-{lowering}.trace.json.gz")}
     t = time.perf_counter()
     try:
       proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cell)],
@@ -242,6 +262,11 @@ def main():
     except subprocess.TimeoutExpired:
       row["error"] = f"timed out after {args.cell_timeout:.0f} s"
     row["wall_s"] = round(time.perf_counter() - t, 1)
+    if os.path.exists(cell["trace_file"]):
+      kept = archive_trace(cell["trace_file"], os.path.join(args.out, "fill-traces.tar"),
+                           args.trace_mib)
+      if "trace" in row:
+        row["trace"]["file"] = kept
     if row.get("machine"):
       res["machine"] = res["machine"] or row["machine"]
       del row["machine"]

@@ -6,6 +6,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -46,9 +47,13 @@ def test_gpu_script_smoke(tmp_path, part):
   if part == "fill":  # every cell traced one more round, its trace kept and read
     (res,) = [json.loads(p.read_text()) for p in tmp_path.glob("fill-cpu-*.json")]
     assert {r["lowering"] for r in res["rows"]} == {"old", "bf16", "graphs"}
+    with tarfile.open(tmp_path / "fill-traces.tar") as tar:
+      members = set(tar.getnames())
     for row in res["rows"]:
       assert row["trace"]["rounds"] == 1 and row["trace"]["lanes"], row.get("error")
-      assert (tmp_path / row["trace"]["file"]).stat().st_size > 0
+      archive, member = row["trace"]["file"].split(":")
+      assert archive == "fill-traces.tar" and member in members
+    assert not list(tmp_path.glob(".*.trace.json.gz"))  # archived, not left beside
 
 
 def test_gpu_script_rejects_unknown_part(tmp_path):

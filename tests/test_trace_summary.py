@@ -6,6 +6,7 @@ lanes) and on a real CPU trace."""
 import glob
 import gzip
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -105,3 +106,24 @@ def test_reads_a_cpu_trace_of_jax(tmp_path):
   assert res["devices"] == []  # XLA:CPU runs on host threads
   assert any(lane["process"] == "/host:CPU" and lane["events_per_round"] > 0
              for lane in res["lanes"])
+
+
+def test_fill_archives_traces_within_its_budget(tmp_path, monkeypatch):
+  """fill.py keeps each cell's trace in one tar (a lease returns a few files
+  of bounded size) until the tar would pass its budget; the loose trace
+  goes either way."""
+  import tarfile
+  monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+  fill = load_script("benchmarks/fill.py")
+  tar = tmp_path / "fill-traces.tar"
+  kept = []
+  for i in range(3):
+    trace = tmp_path / f".m-{i}-new.trace.json.gz"
+    trace.write_bytes(bytes(300 * 1024))  # 300 KiB
+    kept.append(fill.archive_trace(str(trace), str(tar), budget_mib=0.7))
+    assert not trace.exists()
+  assert kept == ["fill-traces.tar:m-0-new.trace.json.gz",
+                  "fill-traces.tar:m-1-new.trace.json.gz", None]
+  with tarfile.open(tar) as t:
+    assert t.getnames() == ["m-0-new.trace.json.gz", "m-1-new.trace.json.gz"]
+  assert tar.stat().st_size <= 0.7 * 2**20
