@@ -17,7 +17,8 @@ copies a round, the busiest lanes and their costliest ops).
     python benchmarks/profile_run.py --smoke                    # toy sizes, any backend
 
 Writes ``results/profile_run-<model>-<backend>-<host>-<time>.json`` and
-keeps the trace beside it (same stem, ``.trace.json.gz``).
+keeps the trace beside it (same stem, ``.trace.json.gz``) where it is under
+15 MiB.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {"small_cnn": ["experiments/hydra/fmnist.toml"],
            "mobilenet": ["experiments/hydra/fmnist_mobilenet.toml"]}
 CELL = ["method.name=sfl", "method.order=cyclic"]
+# a GPU lease returns files of at most 16 MiB: a larger trace is read, not kept
+MAX_TRACE_BYTES = 15 * 2**20
 
 
 def main():
@@ -83,8 +86,10 @@ def main():
            "trace": summary}
     stem = _results.path(args.out, "profile_run", args.model, res["machine"]["backend"],
                          _results.host(), ext="")
-    shutil.copyfile(trace, stem + ".trace.json.gz")
-  res["trace"]["file"] = os.path.basename(stem) + ".trace.json.gz"
+    res["trace"]["bytes"] = os.path.getsize(trace)
+    if res["trace"]["bytes"] <= MAX_TRACE_BYTES:
+      shutil.copyfile(trace, stem + ".trace.json.gz")
+      res["trace"]["file"] = os.path.basename(stem) + ".trace.json.gz"
   _results.write_json(stem + ".json", res)
   print(f"{args.model}, {args.seeds} seeds: a round {summary['window_ms_per_round']:,.1f} ms "
         f"traced, of which the round program {round_ms:,.1f} ms")
