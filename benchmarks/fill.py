@@ -231,6 +231,11 @@ def main():
     return
   if args.smoke:
     args.clients, args.batch, args.width, args.repeats, args.size = 2, 8, 4, 1, 16
+  for c in args.cells or []:
+    parts = c.split(":")
+    if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in LOWERINGS:
+      ap.error(f"--cells {c!r}: allowed MODEL:SEEDS:LOWERING, SEEDS a number, LOWERING "
+               f"one of {', '.join(LOWERINGS)}")
   grid = ([tuple(c.split(":")) for c in args.cells] if args.cells
           else SMOKE if args.smoke else GRID)
   # the parent starts no backend (a GPU context of its own would hold memory):

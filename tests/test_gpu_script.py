@@ -113,3 +113,13 @@ def test_gpu_script_vs_authors_without_carry(tmp_path):
                         timeout=120, check=False)
   assert full.returncode == 2
   assert "carry .gpu_carry" in full.stderr
+
+
+def test_fill_rejects_a_bad_cell_before_anything_runs(tmp_path):
+  proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/fill.py"), "--cells",
+                         "mobilenet_v1:16:new", "resnet18:8:graph", "--out", str(tmp_path)],
+                        capture_output=True, text=True, timeout=60, check=False)
+  assert proc.returncode == 2
+  (line,) = [x for x in proc.stderr.splitlines() if "error:" in x]
+  assert "'resnet18:8:graph'" in line and "graphs" in line, line
+  assert not list(tmp_path.iterdir())
