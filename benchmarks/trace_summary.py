@@ -8,8 +8,9 @@ or GPU stream, complete events (``"ph": "X"``, microseconds) on each.  This
 module reads one and reports, per round traced:
 
 * every lane: its events, the time it was busy (overlapping events counted
-  once) and its costliest event names (numbered HLO names such as
-  ``fusion.12`` keep their number: each is one op);
+  once), its costliest event names (numbered HLO names such as
+  ``fusion.12`` keep their number: each is one op) and its costliest kinds
+  (the names less that number: all ``fusion`` ops together);
 * per device: the busy time of its streams (lanes named ``Stream ...``), as
   a fraction of the rounds' wall time when that is given, else of the
   traced window (what a launch-bound or synchronising program, or the host's
@@ -29,6 +30,7 @@ import argparse
 import collections
 import gzip
 import json
+import re
 
 
 def load(path: str) -> dict:
@@ -73,6 +75,12 @@ def _stream_lanes(lanes: list[str]) -> list[str]:
   return streams or [t for t in lanes if not t.startswith(_ANNOTATIONS)]
 
 
+def kind(name: str) -> str:
+  """An op's kind: its name less a trailing ``.N`` (``fusion.12`` and
+  ``fusion.3`` are two ``fusion`` ops, ``cond.2.clone`` a ``cond``)."""
+  return re.sub(r"(\.\d+)+(\.clone)?$|\.clone$", "", name)
+
+
 def _is_copy(name: str) -> bool:
   return "memcpy" in name.lower()
 
@@ -110,12 +118,19 @@ def summarize(trace: dict, rounds: int = 1, wall_s: float | None = None,
     for e in evs:
       by_name[e["name"]][0] += e["dur"]
       by_name[e["name"]][1] += 1
-    costly = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    by_kind = collections.defaultdict(lambda: [0.0, 0])
+    for n, (t, c) in by_name.items():
+      by_kind[kind(n)][0] += t
+      by_kind[kind(n)][1] += c
+
+    def rows(table):
+      return [{"name": n[:160], "ms_per_round": round(t * per / 1e3, 3),
+               "count_per_round": round(c * per, 1)}
+              for n, (t, c) in sorted(table.items(), key=lambda kv: -kv[1][0])[:top]]
     out_lanes.append({
         "process": proc, "thread": thread, "events_per_round": round(len(evs) * per, 1),
         "busy_ms_per_round": round(busy_us(spans) * per / 1e3, 3),
-        "top": [{"name": n[:160], "ms_per_round": round(t * per / 1e3, 3),
-                 "count_per_round": round(c * per, 1)} for n, (t, c) in costly]})
+        "top": rows(by_name), "kinds": rows(by_kind)})
   device_lanes = collections.defaultdict(dict)
   for (pid, tid), evs in lanes.items():
     proc = procs.get(pid, str(pid))

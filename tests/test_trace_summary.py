@@ -66,6 +66,14 @@ def test_device_figures_per_round():
   assert [(t["name"], t["ms_per_round"], t["count_per_round"]) for t in compute["top"]] == [
       ("gemm_kernel", 0.3, 1), ("loop_fusion", 0.2, 2)]
   assert lanes[("/host:CPU", "python")]["busy_ms_per_round"] == pytest.approx(1.0)
+  ops = lanes[("/device:GPU:0", "XLA Ops")]
+  assert [(t["name"], t["count_per_round"]) for t in ops["kinds"]] == [("while", 1)]
+
+
+def test_kinds_drop_the_ops_number():
+  assert [ts.kind(n) for n in ("fusion.12", "cond.2.clone", "loop_fusion", "copy.3.clone",
+                               "$api.py:2277 device_get")] == [
+      "fusion", "cond", "loop_fusion", "copy", "$api.py:2277 device_get"]
 
 
 def test_device_without_stream_lanes_uses_its_other_lanes():
