@@ -33,19 +33,19 @@ import sys
 import tempfile
 
 import _results  # benchmarks/ is not a package: a sibling module
+from hydra_vs_authors import CELLS, CONFIGS, ROOT
 from trace_summary import load, summarize
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = {"small_cnn": ["experiments/hydra/fmnist.toml"],
-           "mobilenet": ["experiments/hydra/fmnist_mobilenet.toml"]}
-CELL = ["method.name=sfl", "method.order=cyclic"]
+# the vs_authors comparison's SFL cyclic cell of these models
+MODELS = ("small_cnn", "mobilenet")
+CELL = CELLS["sfl_cyclic"]
 # a GPU lease returns files of at most 16 MiB: a larger trace is read, not kept
 MAX_TRACE_BYTES = 15 * 2**20
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--model", choices=sorted(CONFIGS), default="small_cnn")
+  ap.add_argument("--model", choices=MODELS, default="small_cnn")
   ap.add_argument("--seeds", type=int, default=8)
   ap.add_argument("--rounds", type=int, default=5, help="rounds in all")
   ap.add_argument("--profile", type=int, default=2, help="the last N of them traced")
@@ -65,7 +65,7 @@ def main():
   data = [f"dataset.data_dir={args.data_dir}"] if args.data_dir else []
   with tempfile.TemporaryDirectory() as tmp:
     run_dir = os.path.join(tmp, "run")
-    cmd = [*args.jsfl.split(), "run", *CONFIGS[args.model], *CELL, *data, *extra,
+    cmd = [*args.jsfl.split(), "run", CONFIGS[args.model], *CELL, *data, *extra,
            f"run.seeds={args.seeds}", f"run.rounds={args.rounds}", "run.checkpoint_every=0",
            f"run.profile=[{first},{args.rounds}]", f"run.dir={run_dir}", "--quiet"]
     print(" ".join(cmd), flush=True)
