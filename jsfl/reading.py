@@ -3,15 +3,23 @@
 Only ``config.json``, ``metrics.jsonl`` and ``partition.json`` are read, with
 neither jax nor the training code imported.  A damaged ``metrics.jsonl`` does
 not stop a reader: every line that cannot be used is named (``FILE:LINE:
-why``) and the rest is returned.
+why``) and the rest is returned.  An archived run (``metrics.jsonl.gz``,
+``partition.json.gz``: ``gzip -9n`` of the files, docs/run-directory.md) reads
+as the run it was.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterable
+
+ARCHIVED = ".gz"
+# What reading a plain or gzipped record file can raise besides bad JSON.
+READ_ERRORS = (OSError, EOFError, zlib.error, UnicodeDecodeError)
 
 # Record keys that must be numbers (or null) for a line to be used.
 NUMERIC_KEYS = ("accuracy", "loss", "pg", "bw", "train_loss", "bytes_up", "bytes_down",
@@ -61,6 +69,29 @@ def _check_record(rec) -> str | None:
   return None
 
 
+def record_file(run_dir: str, name: str) -> str:
+  """The path of a run's ``name`` (``metrics.jsonl``, ``partition.json``):
+  the plain file, else its archived ``.gz`` where only that is there."""
+  path = os.path.join(run_dir, name)
+  if not os.path.exists(path) and os.path.exists(path + ARCHIVED):
+    return path + ARCHIVED
+  return path
+
+
+def is_archived(run_dir: str) -> bool:
+  """The run's records are archived (``metrics.jsonl.gz`` without a plain
+  ``metrics.jsonl``): readable, not resumable as they are."""
+  return record_file(run_dir, "metrics.jsonl").endswith(ARCHIVED)
+
+
+def open_text(path: str, errors: str = "strict"):
+  """``path`` opened for reading UTF-8 text, gunzipped where it ends in
+  ``.gz``."""
+  if path.endswith(ARCHIVED):
+    return gzip.open(path, "rt", encoding="utf-8", errors=errors)
+  return open(path, encoding="utf-8", errors=errors)
+
+
 def read_metrics_checked(path: str) -> tuple[list[dict], list[str]]:
   """Reads ``metrics.jsonl``, keeping every usable line and naming the others.
 
@@ -69,7 +100,7 @@ def read_metrics_checked(path: str) -> tuple[list[dict], list[str]]:
   non-numeric metric, or repeats a seed and round already read.
 
   Args:
-    path: the metrics file.
+    path: the metrics file (``.gz``: archived).
 
   Returns:
     ``(records, problems)``: the usable records in file order and one
@@ -80,10 +111,10 @@ def read_metrics_checked(path: str) -> tuple[list[dict], list[str]]:
   problems: list[str] = []
   first_line: dict = {}
   try:
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_text(path, errors="replace") as f:
       lines = f.readlines()
-  except OSError as e:
-    return [], [f"{path}: cannot be read ({e.strerror or e})"]
+  except READ_ERRORS as e:
+    return [], [f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})"]
   for lineno, line in enumerate(lines, 1):
     if not line.strip():
       continue
@@ -116,9 +147,9 @@ def _read_json(path: str, problems: list[str], required: bool) -> dict | None:
       problems.append(f"{path}: missing")
     return None
   try:
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
       obj = json.load(f)
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+  except (*READ_ERRORS, json.JSONDecodeError) as e:
     problems.append(f"{path}: cannot be read ({e})")
     return None
   if not isinstance(obj, dict):
@@ -133,14 +164,14 @@ def load_run(path: str) -> Run:
   meta = _read_json(os.path.join(path, "config.json"), problems, required=True) or {}
   config: dict = meta["config"] if isinstance(meta.get("config"), dict) else {}
   resolved: dict = meta["resolved"] if isinstance(meta.get("resolved"), dict) else {}
-  metrics_path = os.path.join(path, "metrics.jsonl")
+  metrics_path = record_file(path, "metrics.jsonl")
   if os.path.exists(metrics_path):
     records, more = read_metrics_checked(metrics_path)
     problems += more
   else:
     records = []
     problems.append(f"{metrics_path}: missing; run skipped")
-  partition = _read_json(os.path.join(path, "partition.json"), problems, required=False)
+  partition = _read_json(record_file(path, "partition.json"), problems, required=False)
   summary = _read_json(os.path.join(path, "summary.json"), [], required=False) or {}
   diverged = {(d.get("cell"), d.get("seed")): d.get("round")
               for d in summary.get("diverged") or () if isinstance(d, dict)}
@@ -184,17 +215,17 @@ def load_runs(path: str) -> list[Run]:
   return out
 
 
-RUN_MARKERS = ("metrics.jsonl", "config.json")
+RUN_MARKERS = ("metrics.jsonl", "metrics.jsonl" + ARCHIVED, "config.json")
 
 
 def find_run_dirs(paths: Iterable[str]) -> tuple[list[str], list[str]]:
   """Run directories named by ``paths``, searching trees where needed.
 
-  A directory holding ``metrics.jsonl`` (or ``config.json``: a run that has
-  not evaluated yet, reported as such) is a run directory; any other
-  directory is searched recursively (a collected sweep), not descending into
-  run directories.  A path to a ``metrics.jsonl`` file stands for its
-  directory.
+  A directory holding ``metrics.jsonl`` or ``metrics.jsonl.gz`` (or
+  ``config.json``: a run that has not evaluated yet, reported as such) is a
+  run directory; any other directory is searched recursively (a collected
+  sweep), not descending into run directories.  A path to a metrics file
+  stands for its directory.
 
   Returns:
     ``(run_dirs, problems)``: run directories in argument order, each tree's
@@ -210,7 +241,7 @@ def find_run_dirs(paths: Iterable[str]) -> tuple[list[str], list[str]]:
       found.append(d)
 
   for p in paths:
-    if os.path.isfile(p) and os.path.basename(p) == "metrics.jsonl":
+    if os.path.isfile(p) and os.path.basename(p) in RUN_MARKERS[:2]:
       add(os.path.dirname(p) or ".")
       continue
     if not os.path.isdir(p):

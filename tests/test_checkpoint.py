@@ -212,6 +212,33 @@ def test_resume_without_a_checkpoint_starts_again_in_place(tmp_path, reference):
   assert_same_run(out, reference("sfl"))
 
 
+def _gzip_records(out):
+  for name in ("metrics.jsonl", "partition.json"):
+    subprocess.run(["gzip", "-9n", f"{out}/{name}"], check=True)
+
+
+def test_an_archived_run_is_not_resumed_over_its_records(tmp_path, reference, capsys):
+  """Archived records (docs/run-directory.md) are not what a resume appends
+  to: resuming would begin metrics.jsonl anew beside the archive."""
+  out = str(tmp_path / "r")
+  shutil.copytree(reference("sfl"), out)
+  shutil.rmtree(f"{out}/checkpoints/{ROUNDS}")  # a run stopped before its end
+  _gzip_records(out)
+  before = sorted(os.listdir(out)), sorted(os.listdir(f"{out}/checkpoints"))
+  assert cli.main(["run", "--resume", out, "--quiet"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"jsfl: error: {out!r} is archived (metrics.jsonl.gz); allowed: a run "
+                 "directory with plain records (gunzip its metrics.jsonl.gz and "
+                 "partition.json.gz to resume it)"]
+  assert (sorted(os.listdir(out)), sorted(os.listdir(f"{out}/checkpoints"))) == before
+  # a finished archived run, committed without its checkpoints, stays finished
+  fin = str(tmp_path / "fin")
+  shutil.copytree(reference("sfl"), fin, ignore=shutil.ignore_patterns("checkpoints"))
+  _gzip_records(fin)
+  assert cli.main(["run", "--resume", fin, "--quiet"]) == 0
+  assert f"{fin} is finished ({ROUNDS} of {ROUNDS} rounds)" in capsys.readouterr().err
+
+
 def test_resume_of_a_non_run_dir_exits_2(tmp_path, capsys):
   for path in (str(tmp_path), str(tmp_path / "missing")):
     assert cli.main(["run", "--resume", path]) == 2

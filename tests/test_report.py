@@ -2,8 +2,10 @@
 
 import copy
 import csv
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -284,6 +286,51 @@ def test_cli_report_warns_on_stderr_and_writes_out(tmp_path, capsys):
   assert f"{tmp_path / 'crashed'}/metrics.jsonl: missing; run skipped" in cap.err
   assert sorted(os.listdir(out)) == ["report.csv", "report.md", "report_seeds.csv"]
   assert f"wrote {out}/report.md" in cap.out
+
+
+def archive(run_dir):
+  """``gzip -9n`` of a run's metrics.jsonl and partition.json, as
+  docs/run-directory.md archives a finished run."""
+  for name in ("metrics.jsonl", "partition.json"):
+    path = os.path.join(run_dir, name)
+    with open(path, "rb") as src, open(path + ".gz", "wb") as raw, \
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as dst:
+      dst.write(src.read())
+    os.remove(path)
+
+
+def test_an_archived_run_reads_as_the_run_it_was(tmp_path):
+  plain = write_run(tmp_path / "plain")
+  shutil.copytree(plain, tmp_path / "sweep" / "archived")
+  archived = str(tmp_path / "sweep" / "archived")
+  archive(archived)
+  assert sorted(os.listdir(archived)) == ["config.json", "metrics.jsonl.gz",
+                                          "partition.json.gz", "summary.json"]
+  a, b = reading.load_run(plain), reading.load_run(archived)
+  assert a.problems == b.problems == []
+  assert a.records == b.records and a.partition == b.partition and a.partition is not None
+  # found by a tree search and by its metrics file, reported alike
+  assert reading.find_run_dirs([str(tmp_path / "sweep")]) == ([archived], [])
+  assert reading.find_run_dirs([os.path.join(archived, "metrics.jsonl.gz")])[0] == [archived]
+  ra, rb = report.build_report([plain]), report.build_report([archived])
+  assert ra.rows[0].stats == rb.rows[0].stats and ra.rows[0].per_position == \
+      rb.rows[0].per_position
+
+
+def test_a_damaged_archive_is_named_not_raised(tmp_path):
+  run = write_run(tmp_path / "run")
+  archive(run)
+  gz = os.path.join(run, "metrics.jsonl.gz")
+  with open(gz, "rb") as f:
+    data = f.read()
+  with open(gz, "wb") as f:  # cut short, as an interrupted copy leaves it
+    f.write(data[:len(data) // 2])
+  with open(os.path.join(run, "partition.json.gz"), "wb") as f:
+    f.write(b"not gzip")
+  r = reading.load_run(run)
+  assert r.records == [] and r.partition is None
+  assert len(r.problems) == 2 and all("cannot be read" in p for p in r.problems), r.problems
+  assert r.problems[0].startswith(f"{gz}: cannot be read")
 
 
 def test_cli_report_without_runs_is_an_error(tmp_path, capsys):

@@ -12,7 +12,7 @@ import threading
 import jax
 import numpy as np
 
-from jsfl import __version__, checkpoint, rundir
+from jsfl import __version__, checkpoint, reading, rundir
 from jsfl import config as config_lib
 from jsfl.errors import Diverged
 from jsfl.models import layers
@@ -223,7 +223,7 @@ def finished(run_dir: str, cfg: dict, cells) -> bool:
     return (done or 0) >= R
   seeds = {config_lib.typed(cfg).run.seed + s for s in range(config_lib.typed(cfg).run.seeds)}
   try:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    with reading.open_text(reading.record_file(run_dir, "metrics.jsonl")) as f:
       last = set()
       for line in f:
         try:
@@ -232,6 +232,6 @@ def finished(run_dir: str, cfg: dict, cells) -> bool:
           continue
         if isinstance(rec, dict) and rec.get("round") == R:
           last.add(rec.get("seed"))
-  except OSError:
+  except reading.READ_ERRORS:
     return False
   return seeds <= last

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jsfl import checkpoint, distributed, rundir
+from jsfl import checkpoint, distributed, reading, rundir
 from jsfl import config as config_lib
 from jsfl.errors import Diverged, RunDirError
 from jsfl.train import fit, programs
@@ -208,8 +208,8 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
     progress: overrides ``exec.progress`` (None: the run's own setting).
 
   Raises:
-    ConfigError: ``run_dir`` is not a run directory, or its config is no
-      longer valid.
+    ConfigError: ``run_dir`` is not a run directory, its config is no
+      longer valid, or its records are archived (``metrics.jsonl.gz``).
     Stopped: as :func:`run`.
   """
   cfg, cells = read_run_config(run_dir, progress)
@@ -218,4 +218,8 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
     print(f"jsfl: {run_dir} is finished ({R} of {R} rounds); nothing to resume",
           file=sys.stderr)
     return run_dir
+  if reading.is_archived(run_dir):  # resuming would start its records anew
+    raise config_lib.ConfigError(
+        f"{run_dir!r} is archived (metrics.jsonl.gz); allowed: a run directory with "
+        "plain records (gunzip its metrics.jsonl.gz and partition.json.gz to resume it)")
   return run(cfg, resume=run_dir, cells=cells)
