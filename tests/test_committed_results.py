@@ -1,9 +1,12 @@
 """The run directories committed under experiments/ (no training, no jax).
 
-Every directory there that holds ``metrics.jsonl`` is a run directory
+Every directory there that holds ``metrics.jsonl.gz`` is a run directory
 (docs/run-directory.md) and keeps its contract: ``config.json``,
-``partition.json``, ``metrics.jsonl`` and ``summary.json``, plus
-``groups.json`` where the run's method is Hydra.  No file or folder name
+``partition.json.gz``, ``metrics.jsonl.gz`` and ``summary.json``, plus
+``groups.json`` where the run's method is Hydra.  The two record files are
+archived (``gzip -9n``; docs/run-directory.md, "Archived runs"): plain they
+would be most of the checkout, which a GPU lease copies within a size
+limit.  No file or folder name
 under experiments/ is longer than a sweep cell's name may be
 (jsfl.sweep.format.NAME_LIMIT, 60 characters), so the tree checks out on
 every file system and reads in a listing.  One case per top-level folder of
@@ -21,7 +24,8 @@ from jsfl.sweep.format import NAME_LIMIT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
-CONTRACT = ("config.json", "partition.json", "metrics.jsonl", "summary.json")
+CONTRACT = ("config.json", "partition.json.gz", "metrics.jsonl.gz", "summary.json")
+PLAIN = ("metrics.jsonl", "partition.json")  # archived, not committed plain
 FOLDERS = sorted(d for d in os.listdir(EXPERIMENTS)
                  if os.path.isdir(os.path.join(EXPERIMENTS, d)) and not d.startswith("."))
 
@@ -39,7 +43,7 @@ def walk(folder):
 
 
 def test_there_are_committed_runs():
-  runs = [d for f in FOLDERS for d, _, files in walk(f) if "metrics.jsonl" in files]
+  runs = [d for f in FOLDERS for d, _, files in walk(f) if "metrics.jsonl.gz" in files]
   assert len(runs) > 100, runs
 
 
@@ -47,7 +51,11 @@ def test_there_are_committed_runs():
 def test_run_directories_keep_their_contract(folder):
   bad = []
   for d, _, files in walk(folder):
-    if "metrics.jsonl" not in files:
+    plain = [p for p in PLAIN if p in files]
+    if plain:
+      bad.append(f"{os.path.relpath(d, ROOT)}: {', '.join(plain)} not archived "
+                 "(gzip -9n them)")
+    if "metrics.jsonl.gz" not in files and "metrics.jsonl" not in files:
       continue
     want = list(CONTRACT)
     if "config.json" in files:
