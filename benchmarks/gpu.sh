@@ -8,8 +8,9 @@
 #
 # Usage: bash benchmarks/gpu.sh [--smoke] [PART...]
 #   parts: fill seed_kernels vs_torch_mobilenet vs_torch_mobilenet_multisfl vs_torch_resnet18
-#          throughput scaling sweep vs_authors profile_run (default: all, in that order; run them one
-#          call each where a call is time-limited; fill first: it sets the GPU defaults)
+#          throughput scaling sweep vs_authors profile_run paper_run (default: all but
+#          paper_run, in that order; run them one call each where a call is time-limited;
+#          fill first: it sets the GPU defaults)
 #   --smoke: the same scripts at toy sizes on any backend (the test suite runs
 #          it on the CPU); vs_torch is skipped where torch is not installed, vs_authors
 #          where torch or .gpu_carry (the authors' adapted clone, Fashion-MNIST) is not there.
@@ -20,7 +21,12 @@
 #      vs_authors: PY (the authors' python, python3),
 #      CLONE (.gpu_carry/Hydra), FMNIST_DIR (.gpu_carry/fmnist), NSEEDS (8: their
 #      processes), JSFL_SEEDS (NSEEDS: jsfl's slots in its one program), CACHE (off:
-#      jsfl compiles cold; warm: a one-round run fills its compilation cache first).
+#      jsfl compiles cold; warm: a one-round run fills its compilation cache first);
+#      paper_run: PAPER_SWEEP (experiments/sequential/paper/table1_fashion_mnist.toml),
+#      PAPER_SHARDS ("12/14 8/14": its --per-cell programs, SFedKD and FedSeq at
+#      ExDir(2, 0.5)), PAPER_DATA (.gpu_carry/data: $JSFL_DATA, the full
+#      Fashion-MNIST files in fashion_mnist/), DEADLINE (450 s), GRAPHS (1: XLA's
+#      command buffers for loops and branches, as fill's graphs cells).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 smoke=0
@@ -185,9 +191,27 @@ for p in "${parts[@]}"; do
             "${data[@]}"
         done
       fi ;;
+    paper_run)  # a paper sweep's programs at the paper's scale, as far as the part gets
+      if ((smoke)); then
+        part paper_run paper_run.py "${PAPER_SWEEP:-experiments/sequential/paper/table1_fashion_mnist.toml}" \
+          --per-cell --shards 8/14 --smoke
+      else  # 1000 rounds of 10 seeds a cell; the running program is stopped at
+        # DEADLINE with a checkpoint, the records of every cell come back in one tar
+        paper_data=${PAPER_DATA:-.gpu_carry/data}
+        if [[ ! -d $paper_data/fashion_mnist ]]; then
+          echo "paper_run: no $paper_data/fashion_mnist (the full Fashion-MNIST files);" \
+               "carry .gpu_carry/data (benchmarks/README.md, \"A paper's run on a GPU\")" >&2
+          exit 2
+        fi
+        # shellcheck disable=SC2086  # the shards are words
+        part paper_run paper_run.py "${PAPER_SWEEP:-experiments/sequential/paper/table1_fashion_mnist.toml}" \
+          --per-cell --shards ${PAPER_SHARDS:-12/14 8/14} --deadline "${DEADLINE:-450}" \
+          --data "$paper_data" --work runs/paper_run \
+          ${GRAPHS:+--xla-flags=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL}
+      fi ;;
     *) echo "unknown part '$p'; allowed: fill seed_kernels vs_torch_mobilenet" \
             "vs_torch_mobilenet_multisfl vs_torch_resnet18 throughput scaling sweep" \
-            "vs_authors profile_run" >&2
+            "vs_authors profile_run paper_run" >&2
        exit 2 ;;
   esac
 done

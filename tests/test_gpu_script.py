@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # spreads them over its workers.  The parts a lease runs first (fill,
 # seed_kernels, profile_run) run in CI; scaling and sweep, measured on the H100 already,
 # in the slow suite (`make test-slow` before a lease that runs them).
-@pytest.mark.parametrize("part", ["fill", "seed_kernels", "throughput", "profile_run",
+@pytest.mark.parametrize("part", ["fill", "seed_kernels", "throughput", "profile_run", "paper_run",
                                   pytest.param("scaling", marks=pytest.mark.slow),
                                   pytest.param("sweep", marks=pytest.mark.slow),
                                   "vs_torch_resnet18"])
@@ -44,6 +44,18 @@ def test_gpu_script_smoke(tmp_path, part):
     assert res["profiled_rounds"] == [2, 2] and res["round_program_ms"] > 0
     assert res["trace"]["window_ms_per_round"] >= res["round_program_ms"]
     assert (tmp_path / res["trace"]["file"]).stat().st_size > 0
+  if part == "paper_run":  # the program ran to its end, its records in the tar
+    (res,) = [json.loads(p.read_text()) for p in tmp_path.glob("paper_run-*.json")]
+    (prog,) = res["programs"]
+    assert prog["exit"] == 0 and not prog["stopped_at_deadline"], prog
+    (cell,) = prog["cells"].values()
+    assert cell["finished"] and cell["rounds_evaluated"] == cell["rounds"] == 3, cell
+    assert cell["seeds"] == 2 and cell["round_s_median"] > 0 and cell["samples_per_s"] > 0
+    with tarfile.open(tmp_path / res["records"]["file"]) as tar:
+      names = sorted(tar.getnames())
+    cell_dir = "fashion_mnist/method=fedseq,partition.alpha=0.5"
+    assert names == [f"{cell_dir}/{f}" for f in (".done", "config.json", "metrics.jsonl.gz",
+                                                 "partition.json.gz", "summary.json")], names
   if part == "fill":  # every cell traced one more round, its trace kept and read
     (res,) = [json.loads(p.read_text()) for p in tmp_path.glob("fill-cpu-*.json")]
     assert {r["lowering"] for r in res["rows"]} == {"old", "bf16", "graphs"}
