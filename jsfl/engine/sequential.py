@@ -5,9 +5,9 @@ Learning with Sequential Training", ICLR 2024; docs/methods-sequential.md):
 each round puts its n participants in a sequence; client m starts from
 client m-1's model and runs ``local_epochs`` epochs of SGD on its data; the
 last client's model is the global model.  The round is one program: a
-``lax.scan`` over the sequence with a nested ``lax.scan`` over that
-client's padded batch steps (:func:`jsfl.engine.parallel.client_training`,
-which skips empty steps with ``lax.cond``).
+``lax.scan`` over the sequence with a nested loop over that client's live
+batch steps (:func:`jsfl.engine.parallel.client_training`, which steps over
+none of the empty ones its padded schedule holds).
 
 A method is a :class:`SequentialAlgorithm`, built once per run, whose hooks
 receive what they read:
