@@ -192,9 +192,9 @@ for p in "${parts[@]}"; do
         done
       fi ;;
     paper_run)  # a paper sweep's programs at the paper's scale, as far as the part gets
+      paper_sweep=${PAPER_SWEEP:-experiments/sequential/paper/table1_fashion_mnist.toml}
       if ((smoke)); then
-        part paper_run paper_run.py "${PAPER_SWEEP:-experiments/sequential/paper/table1_fashion_mnist.toml}" \
-          --per-cell --shards 8/14 --smoke
+        part paper_run paper_run.py "$paper_sweep" --per-cell --shards 8/14 --smoke
       else  # 1000 rounds of 10 seeds a cell; the running program is stopped at
         # DEADLINE with a checkpoint, the records of every cell come back in one tar
         paper_data=${PAPER_DATA:-.gpu_carry/data}
@@ -204,7 +204,7 @@ for p in "${parts[@]}"; do
           exit 2
         fi
         # shellcheck disable=SC2086  # the shards are words
-        part paper_run paper_run.py "${PAPER_SWEEP:-experiments/sequential/paper/table1_fashion_mnist.toml}" \
+        part paper_run paper_run.py "$paper_sweep" \
           --per-cell --shards ${PAPER_SHARDS:-12/14 8/14} --deadline "${DEADLINE:-450}" \
           --data "$paper_data" --work runs/paper_run \
           ${GRAPHS:+--xla-flags=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL}

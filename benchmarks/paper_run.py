@@ -53,6 +53,7 @@ sys.path.insert(0, ROOT)  # jsfl from this checkout, installed or not
 from jsfl import reading  # noqa: E402
 from jsfl.sweep import (  # noqa: E402
   SweepError,
+  finished,
   load_sweep,
   parse_shard,
   plan,
@@ -60,6 +61,8 @@ from jsfl.sweep import (  # noqa: E402
   shard,
   toml_value,
 )
+from jsfl.sweep.format import flatten  # noqa: E402
+from jsfl.sweep.plan import read_json  # noqa: E402
 
 # What a stopped program gets to finish its round and write its checkpoint.
 STOP_GRACE_S = 45
@@ -75,18 +78,9 @@ SMOKE_BASE = {"dataset.name": "synthetic", "dataset.input_shape": [28, 28, 1],
 LEFT_OUT = ("checkpoints", ".lock")
 
 
-def flat(table: dict, prefix: str = "") -> dict:
-  """A sweep table with TOML's dotted keys (nested tables) as ``"a.b"`` keys."""
-  out = {}
-  for k, v in table.items():
-    if isinstance(v, dict):
-      out.update(flat(v, f"{prefix}{k}."))
-    else:
-      out[prefix + k] = v
-  return out
-
-
 def toml_item(v) -> str:
+  """A parsed TOML value as TOML text; a table inline, so a copy parses to
+  the same structure and key order."""
   if isinstance(v, dict):
     return "{" + ", ".join(f"{json.dumps(k)} = {toml_item(x)}" for k, x in v.items()) + "}"
   if isinstance(v, list):
@@ -97,25 +91,27 @@ def toml_item(v) -> str:
 def smoke_sweep(path: str, into: str) -> str:
   """A copy of the sweep file at :data:`SMOKE_BASE`'s sizes, written into
   ``into``; the same grid and cells, so the same cell names and programs."""
-  with open(path, "rb") as f:
-    raw = tomllib.load(f)
+  with open(path, "rb") as src:
+    raw = tomllib.load(src)
   head = dict(raw.get("sweep", {}))
   here = os.path.dirname(os.path.abspath(path))
   for k in ("base", "reference"):  # paths relative to the original file
     if k in head:
       head[k] = os.path.join(here, head[k])
-  base = {**flat(raw.get("base", {})), **SMOKE_BASE}
-  lines = ["[sweep]", *(f"{k} = {toml_item(v)}" for k, v in head.items()), "", "[base]",
-           *(f"{json.dumps(k)} = {toml_item(v)}" for k, v in base.items()), ""]
+  # [base] flat (section.key) so the toy sizes replace the file's values;
+  # [grid] and [[cells]] as parsed, which keeps the cells and their order
+  base = {**dict(flatten(raw.get("base", {}), "[base]", path)), **SMOKE_BASE}
+
+  def table(header: str, t: dict) -> list[str]:
+    return [header, *(f"{json.dumps(k)} = {toml_item(v)}" for k, v in t.items()), ""]
+  lines = table("[sweep]", head) + table("[base]", base)
   if raw.get("grid"):
-    lines += ["[grid]", *(f"{json.dumps(k)} = {toml_item(v)}"
-                          for k, v in flat(raw["grid"]).items()), ""]
+    lines += table("[grid]", raw["grid"])
   for cell in raw.get("cells", []):
-    lines += ["[[cells]]", *(f"{json.dumps(k)} = {toml_item(v)}"
-                             for k, v in flat(cell).items()), ""]
+    lines += table("[[cells]]", cell)
   out = os.path.join(into, os.path.basename(path))
-  with open(out, "w") as f:
-    f.write("\n".join(lines))
+  with open(out, "w") as dst:
+    dst.write("\n".join(lines))
   return out
 
 
@@ -126,20 +122,6 @@ def shard_cells(path: str, work: str, spec: str, per_cell: bool) -> list[str]:
   resolve(sweep)
   units = shard(plan(sweep, sweep.cells, per_cell=per_cell), *parse_shard(spec))
   return [c.dir for u in units for c in u.cells]
-
-
-def sweep_file_name(path: str) -> str:
-  with open(path, "rb") as f:
-    return str(tomllib.load(f).get("sweep", {}).get("name", "sweep"))
-
-
-def read_json(path: str) -> dict:
-  try:
-    with open(path) as f:
-      obj = json.load(f)
-  except (OSError, ValueError):
-    return {}
-  return obj if isinstance(obj, dict) else {}
 
 
 def run_program(cmd: list[str], env: dict, seconds: float) -> dict:
@@ -174,9 +156,10 @@ def cell_figures(cell_dir: str) -> dict:
   total = (run.config.get("run") or {}).get("rounds")
   acc = [r["accuracy"] for r in recs if rounds and r["round"] == rounds[-1]]
   summ = read_json(os.path.join(cell_dir, "summary.json"))
+  summ = summ if isinstance(summ, dict) else {}
   return {
       "rounds_evaluated": rounds[-1] if rounds else 0, "rounds": total,
-      "finished": os.path.exists(os.path.join(cell_dir, ".done")),
+      "finished": isinstance(total, int) and finished(cell_dir, total),
       "first_round_s": wall.get(1),
       # wall_s is the round program's time; an evaluated round's is kept
       "round_s_median": round(statistics.median(wall[k] for k in later), 4) if later else None,
@@ -248,7 +231,7 @@ def main():
   with tempfile.TemporaryDirectory() as tmp:
     sweep = smoke_sweep(args.sweep, tmp) if args.smoke else os.path.abspath(args.sweep)
     work = os.path.abspath(args.work or os.path.join(tmp, "runs"))
-    programs, cell_dirs, name = [], [], sweep_file_name(sweep)
+    programs, cell_dirs, name = [], [], load_sweep(sweep).name
     here = os.path.relpath(sweep, ROOT) if sweep.startswith(ROOT + os.sep) else sweep
     for s in args.shards:
       cells = shard_cells(sweep, work, s, args.per_cell)

@@ -215,7 +215,8 @@ def load_runs(path: str) -> list[Run]:
   return out
 
 
-RUN_MARKERS = ("metrics.jsonl", "metrics.jsonl" + ARCHIVED, "config.json")
+METRICS_FILES = ("metrics.jsonl", "metrics.jsonl" + ARCHIVED)
+RUN_MARKERS = (*METRICS_FILES, "config.json")
 
 
 def find_run_dirs(paths: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -241,7 +242,7 @@ def find_run_dirs(paths: Iterable[str]) -> tuple[list[str], list[str]]:
       found.append(d)
 
   for p in paths:
-    if os.path.isfile(p) and os.path.basename(p) in RUN_MARKERS[:2]:
+    if os.path.isfile(p) and os.path.basename(p) in METRICS_FILES:
       add(os.path.dirname(p) or ".")
       continue
     if not os.path.isdir(p):

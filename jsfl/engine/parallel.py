@@ -56,7 +56,7 @@ from jsfl.core.plan import RoundPlan, fresh_opt_states, plan_round, round_metric
 from jsfl.core.portion import Portion
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, weighted_mean
-from jsfl.engine.steps import live_steps, scan_live
+from jsfl.engine.steps import live_first, live_steps, scan_live
 
 
 @struct.dataclass
@@ -190,8 +190,8 @@ def client_training(setup: Setup, plan, data, params, stats, idx, mask,
     client's processed samples.
   """
   opt = with_lr(plan.tx.init(params), plan.lr)
-  live = jnp.any(mask, axis=1)
-  order = jnp.argsort(~live, stable=True)  # the live steps first, in their order
+  live = live_steps(mask)
+  order = live_first(mask)
 
   def step(k, carry):
     (p, s, o), sums = carry
@@ -223,7 +223,7 @@ def _steps_outer(setup: Setup, plan, data, params, stats, aux=zero_aux,
   # changes nothing): the loop ends after the longest participant's live
   # steps, not after the last epoch of the widest one's schedule, where every
   # epoch of a smaller client ends in empty steps (client_training).
-  order = jnp.argsort(~jnp.any(plan.mask, axis=2), axis=0, stable=True)[:, :, None]
+  order = live_first(plan.mask)[:, :, None]
   idx = jnp.take_along_axis(plan.idx, order, axis=0)
   mask = jnp.take_along_axis(plan.mask, order, axis=0)
 

@@ -47,6 +47,14 @@ def scan_live(f, init, xs, live):
   return lax.fori_loop(0, stop, body, (init, ys0))
 
 
+def live_first(mask):
+  """The step order that puts the live steps of ``(T, ..., B)`` batch masks
+  first, each column in its own order (stable), the empty ones last: a
+  client's empty steps are no-ops, so a loop over this order may end after
+  the last live one.  ``(T, ...)`` indices into the step axis."""
+  return jnp.argsort(~jnp.any(mask, axis=-1), axis=0, stable=True)
+
+
 def live_steps(*masks):
   """``(T,)`` whether each step of ``(T, ...)`` masks has any real sample."""
   out = None
