@@ -195,6 +195,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "momentum": _f(float, 0.0, "SGD momentum", range="[0, 1)"),
         "weight_decay": _f(float, 0.0, "SGD weight decay (PyTorch semantics)",
                            range="[0, inf)"),
+        "clip_norm": _f(float, 0.0, "clip each step's gradient to this 2-norm before the "
+                        "weight decay (PyTorch's clip_grad_norm_; FedSeq's authors' code "
+                        "clips at 50); 0 = no clipping", range="[0, inf)"),
         "weight_decay_scope": _f(str, "all", "which parameters weight_decay moves: all = "
                                  "every portion; part2 = only the server's part-2 (Hydra: "
                                  "part-2a and the heads), the clients' part-1 undecayed "

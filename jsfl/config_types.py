@@ -97,6 +97,7 @@ class OptimSection:
   lr_decay_start: int
   momentum: float
   weight_decay: float
+  clip_norm: float
   weight_decay_scope: str
 
 

@@ -48,8 +48,12 @@ def make_setup(model, data, **kw):
 # The per-client pieces are jitted one by one (a loop of jitted calls, the
 # papers' way of running) only to keep the test fast; all control flow stays
 # in Python.
-@functools.partial(jax.jit, static_argnums=(4, 5))
-def _ref_sgd(p, g, buf, lr, wd, mom):
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+def _ref_sgd(p, g, buf, lr, wd, mom, clip=0.0):
+  if clip:
+    # torch.nn.utils.clip_grad_norm_: one 2-norm over the whole tree.
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(g_)) for g_ in jax.tree.leaves(g)))
+    g = jax.tree.map(lambda g_: g_ * jnp.minimum(1.0, clip / (norm + 1e-6)), g)
   g = jax.tree.map(lambda g_, p_: g_ + wd * p_, g, p)
   if mom:
     buf = jax.tree.map(lambda b, g_: mom * b + g_, buf, g)
@@ -58,14 +62,14 @@ def _ref_sgd(p, g, buf, lr, wd, mom):
 
 
 def ref_sgd(p, g, buf, lr, setup):
-  return _ref_sgd(p, g, buf, lr, setup.weight_decay, setup.momentum)
+  return _ref_sgd(p, g, buf, lr, setup.weight_decay, setup.momentum, setup.clip_norm)
 
 
 def ref_client_sgd(p, g, buf, lr, setup):
   """A client's part-1 step: without weight decay under
   ``weight_decay_scope = "part2"`` (only the server's part-2 is decayed)."""
   wd = 0.0 if setup.weight_decay_scope == "part2" else setup.weight_decay
-  return _ref_sgd(p, g, buf, lr, wd, setup.momentum)
+  return _ref_sgd(p, g, buf, lr, wd, setup.momentum, setup.clip_norm)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 6))

@@ -84,6 +84,27 @@ def test_splitfedv1_equals_fedavg(client_exec):
 
 
 
+def test_clipped_steps_equal_loop():
+  """``optim.clip_norm`` clips the tree one optimiser state steps: a whole
+  model in FedAvg, and in SFL the client's part-1 and the server's part-2
+  each by its own norm (the loop clips each party's gradient apart)."""
+  data = make_fed_data([13, 7, 20, 5])
+  setup = make_setup(tiny_model(), data, clients_per_round=3, clip_norm=0.05)
+  key = jax.random.key(6)
+  state, losses = run_rounds(fedavg, setup, data, key, 2)
+  (p, s), ref_losses = ref_fedavg(setup, data, key, 2)
+  chex.assert_trees_all_close(state.params, p, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  state, losses = run_rounds(sfl, setup, data, key, 2)
+  (p1, s1, p2, s2), ref_losses, _ = ref_sfl(setup, data, key, 2)
+  chex.assert_trees_all_close(state.part1, p1, **TOL)
+  chex.assert_trees_all_close(state.part2, p2, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  free, _ = run_rounds(sfl, setup.replace(clip_norm=0.0), data, key, 2)
+  for a, b in ((free.part1, p1), (free.part2, p2)):  # the bound was reached
+    assert not np.allclose(jax.tree.leaves(a)[0], jax.tree.leaves(b)[0], atol=1e-4)
+
+
 @pytest.mark.parametrize("order", ["random", "cyclic", "cyclic_reverse", "fixed"])
 def test_sfl_equals_loop(order):
   data = make_fed_data([13, 7, 20, 5], dominant=np.array([2, 0, 1, 0], np.int32))

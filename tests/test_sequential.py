@@ -525,6 +525,26 @@ def test_sfedkd_equals_loop():
     assert m["reg_loss"] > 0
 
 
+@pytest.mark.parametrize("mod", [fedseq, sfedkd], ids=["fedseq", "sfedkd"])
+def test_clipped_sequential_round_equals_loop(mod):
+  """``optim.clip_norm``: every client step's gradient (CE plus the KD
+  terms) scaled to the bound before the weight decay, as the loop's
+  ``clip_grad_norm_`` does; the bound is low enough that steps are clipped
+  (the models differ from the unclipped ones)."""
+  data = make_fed_data(DATA_SIZES)
+  kw = {"options": SFedKDOptions(num_teachers=KD["m"])} if mod is sfedkd else {}
+  kd = KD if mod is sfedkd else None
+  setup = seq_setup(data, clip_norm=0.05, **kw)
+  key = jax.random.key(9)
+  state, losses, _ = run_logged(mod, setup, data, key, 2)
+  (p, s, _), ref_losses, _ = ref_sequential(mod, setup, data, key, 2, kd=kd)
+  chex.assert_trees_all_close(state.params, p, **TOL)
+  chex.assert_trees_all_close(state.stats, s, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  free, _, _ = run_logged(mod, setup.replace(clip_norm=0.0), data, key, 2)
+  assert not np.allclose(jax.tree.leaves(free.params)[0], jax.tree.leaves(p)[0], atol=1e-4)
+
+
 @functools.cache
 def kd_baseline_run(rule):
   """SFedKD with a KD baseline's loss (M = 2, kd_weight = 2), three rounds."""

@@ -14,8 +14,22 @@ OPTIMIZERS = ("sgd", "adam")
 WEIGHT_DECAY_SCOPES = ("all", "part2")
 
 
+def clip_grad_norm(max_norm: float) -> optax.GradientTransformation:
+  """Scales the gradient by ``min(1, max_norm / (||g|| + 1e-6))``, ``||g||``
+  the 2-norm over every leaf: PyTorch's ``clip_grad_norm_`` before
+  ``optimizer.step()``, as FedSeq's authors' code runs it (``--clip``).
+  The 1e-6 is PyTorch's; a gradient under the bound is multiplied by
+  exactly 1, so its step is the unclipped one bit for bit."""
+  def update(updates, state, params=None):
+    del params
+    norm = optax.tree.norm(updates)
+    scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+    return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0, name: str = "sgd",
-                   decay: bool = True):
+                   decay: bool = True, clip_norm: float = 0.0):
   """``optim.name`` as an optax chain with an injected learning rate, so a
   round can set its decayed value (:func:`round_lr`) without recompiling.
 
@@ -23,6 +37,13 @@ def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0, name: str =
   added to the gradient before momentum.  ``adam``: Adam (``momentum`` is
   its b1 when > 0), the weight decay added to the gradient first as well
   (PyTorch's ``Adam(weight_decay=...)``, not AdamW).
+
+  ``clip_norm > 0`` clips the gradient's 2-norm first
+  (:func:`clip_grad_norm`), before the weight decay is added, as PyTorch's
+  ``clip_grad_norm_`` does ahead of ``step()``.  The norm is over the tree
+  one optimiser state steps: a whole model in parallel and sequential FL,
+  one party's portion in split learning (each party clips its own, as a
+  ``clip_grad_norm_`` per party's optimiser would).
 
   ``decay=False``: the same chain with its weight decay at 0 (it adds
   ``0 * w``, so a step is exactly the undecayed one): the optimiser of the
@@ -40,6 +61,8 @@ def make_optimizer(momentum: float = 0.0, weight_decay: float = 0.0, name: str =
       tx = optax.adam(learning_rate, b1=momentum or 0.9)
     if weight_decay:
       tx = optax.chain(optax.add_decayed_weights(weight_decay if decay else 0.0), tx)
+    if clip_norm:
+      tx = optax.chain(clip_grad_norm(clip_norm), tx)
     return tx
   return optax.inject_hyperparams(chain)(learning_rate=0.0)
 

@@ -50,6 +50,7 @@ class Setup:
   weight_decay: float = 0.0
   weight_decay_scope: str = "all"  # jsfl.core.optim.WEIGHT_DECAY_SCOPES
   optimizer: str = "sgd"      # optim.name (jsfl.core.optim.OPTIMIZERS)
+  clip_norm: float = 0.0      # optim.clip_norm; 0 = no clipping
   client_exec: str = "vmap"
   client_pass: str = "per_visit"  # CLIENT_PASSES
   server_unroll: int = 1
@@ -61,9 +62,11 @@ class Setup:
 
   @functools.cached_property
   def tx(self):
-    """The run's optimiser (``optim.name``, momentum, weight decay) as an
-    optax chain, built once per setup; every portion steps with it."""
-    return make_optimizer(self.momentum, self.weight_decay, self.optimizer)
+    """The run's optimiser (``optim.name``, momentum, weight decay, gradient
+    clipping) as an optax chain, built once per setup; every portion steps
+    with it."""
+    return make_optimizer(self.momentum, self.weight_decay, self.optimizer,
+                          clip_norm=self.clip_norm)
 
   @functools.cached_property
   def client_tx(self):
@@ -73,7 +76,8 @@ class Setup:
     portions are decayed (Hydra App. H.5)."""
     if self.weight_decay_scope == "all":
       return self.tx
-    return make_optimizer(self.momentum, self.weight_decay, self.optimizer, decay=False)
+    return make_optimizer(self.momentum, self.weight_decay, self.optimizer, decay=False,
+                          clip_norm=self.clip_norm)
 
   def replace(self, **kw) -> Setup:
     return dataclasses.replace(self, **kw)

@@ -252,7 +252,7 @@ def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
       lr=o.lr, lr_decay=o.lr_decay, lr_min=o.lr_min,
       lr_decay_start=o.lr_decay_start, momentum=o.momentum,
       weight_decay=o.weight_decay, weight_decay_scope=o.weight_decay_scope,
-      optimizer=o.name,
+      optimizer=o.name, clip_norm=o.clip_norm,
       client_exec=default_client_exec(n) if x.client_exec == "auto" else x.client_exec,
       client_pass=default_client_pass() if x.client_pass == "auto" else x.client_pass,
       server_unroll=x.server_unroll,
