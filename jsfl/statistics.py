@@ -118,6 +118,40 @@ def summarize(records: Sequence[dict], keys: Sequence[str] = ("accuracy", "loss"
   return {k: across_seeds(per_seed_figures(records, k, last), ddof) for k in keys}
 
 
+def predicts_one_class(per_label) -> bool:
+  """Whether a per-label accuracy row (percent) is that of a model giving
+  (nearly) every test sample the same label: at least 99 on one label, at
+  most 1 on every other (a handful of samples may land elsewhere; a label
+  without test samples reads 0)."""
+  a = np.asarray(per_label, np.float64)
+  if a.ndim != 1 or a.size < 2 or not np.isfinite(a).all():
+    return False
+  top = int(np.argmax(a))
+  return bool(a[top] >= 99.0 and np.all(np.delete(a, top) <= 1.0))
+
+
+def collapsed_seeds(records: Iterable[dict]) -> dict[Any, int]:
+  """``{seed: round}`` of the seeds whose model predicts one class
+  (:func:`predicts_one_class`) at every evaluation from ``round`` to their
+  last: a collapse the seed has not recovered from.  Such a seed's training
+  loss stays finite, so it is not a diverged seed and its records stay in
+  the figures; a report names it beside them.  Records without
+  ``per_label_accuracy`` are left out."""
+  by_seed: dict[Any, list[tuple[Any, bool]]] = {}
+  for rec in records:
+    pla = rec.get("per_label_accuracy")
+    if isinstance(pla, list):
+      by_seed.setdefault(rec["seed"], []).append((rec["round"], predicts_one_class(pla)))
+  out = {}
+  for seed, rows in by_seed.items():
+    since = None
+    for r, one in sorted(rows, key=lambda t: t[0]):
+      since = (r if since is None else since) if one else None
+    if since is not None:
+      out[seed] = since
+  return out
+
+
 def class_accuracy(confusion: np.ndarray) -> np.ndarray:
   """Per-class accuracy in percent from confusion matrices ``(..., L, L)``
   (row = true label): the diagonal over the row sums, ``(..., L)``; a class

@@ -465,3 +465,38 @@ def test_reference_column_beside_jsfl(tmp_path, capsys):
   capsys.readouterr()
   assert cli.main(["report", str(tmp_path / "runs"), "--reference", str(bad)]) == 2
   assert "allowed: config fields (section.key" in capsys.readouterr().err
+
+
+def test_one_class_rows():
+  one = statistics.predicts_one_class
+  assert one([0, 0, 100, 0]) and one([0, 99.9, 0, 0]) and one([0.5, 0, 99.0, 1.0])
+  assert not one([0, 98.9, 0, 0])            # the top label short of 99
+  assert not one([0, 100, 1.5, 0])           # another label above 1
+  assert not one([50, 50, 50, 50]) and not one([100, 100, 0, 0])
+  assert not one([float("nan"), 100, 0, 0]) and not one([100])
+
+
+def test_collapsed_seeds_are_named_from_the_round_they_stay_collapsed(tmp_path):
+  """A seed that predicts one class to its last evaluation is named from the
+  first round of that stretch; one that collapsed and recovered is not; its
+  records stay in the figures (the median over seeds is unchanged)."""
+  recs = make_records(cyclic=False)
+  at_chance = {3: [0, 0, 100, 0], 4: [0, 99.9, 0, 0], 5: [0, 0, 0, 100], 6: [100, 0, 0, 0],
+               7: [0, 0, 100, 0]}
+  for rec in recs:
+    if rec["seed"] == 0 and rec["round"] in (2, 4, 5, 6, 7):
+      rec["per_label_accuracy"] = at_chance.get(rec["round"], [0, 0, 100, 0])
+    if rec["seed"] == 1 and rec["round"] in (2, 3):  # collapsed, then recovered
+      rec["per_label_accuracy"] = [0, 100, 0, 0]
+  assert statistics.collapsed_seeds(recs) == {0: 4}
+  rep = report.build_report([write_run(tmp_path / "run", records=recs)])
+  assert [s["collapsed_from"] for s in rep.rows[0].per_seed] == [4, None]
+  assert rep.rows[0].stats["accuracy"]["median"] == pytest.approx(52.5)
+  md = report.to_markdown(rep)
+  assert "## Collapsed seeds" in md and "- sfl: seed 0 from round 4 (1 of 2)" in md
+  paths = report.write_report(rep, str(tmp_path / "out"))
+  with open(paths[2]) as f:
+    rows = list(csv.DictReader(f))
+  assert [r["collapsed_from"] for r in rows] == ["4", ""]
+  plain = report.build_report([write_run(tmp_path / "plain")])
+  assert "Collapsed" not in report.to_markdown(plain)

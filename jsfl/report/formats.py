@@ -123,6 +123,19 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
         cells = [f"{v:.1f}" for v in per] + [""] * (width - len(per))
         lines.append(f"| {r.group.label} | " + " | ".join(cells) + " |")
       lines.append("")
+    collapsed = [(r, [s for s in r.per_seed if s["collapsed_from"] is not None])
+                 for r in rep.rows]
+    if any(c for _, c in collapsed):
+      lines += ["## Collapsed seeds", "",
+                ("Seeds whose model gives (nearly) every test sample one label "
+                 "(accuracy >= 99% on one label, <= 1% on every other) from the round "
+                 "named to their last "
+                 "evaluation. Their training loss is finite, so they are not diverged "
+                 "seeds: their records are in the figures above."), ""]
+      lines += [f"- {r.group.label}: " + ", ".join(
+          f"seed {s['seed']} from round {s['collapsed_from']}" for s in c)
+          + f" ({len(c)} of {len(r.per_seed)})" for r, c in collapsed if c]
+      lines.append("")
     lines += ["## Runs", ""]
     for r in rep.rows:
       lines.append(f"- {r.group.label}: " + ", ".join(f"`{run.path}`" for run in r.group.runs))
@@ -168,12 +181,13 @@ def write_seed_csv(rep: Report, path: str) -> None:
   metrics = [k for k, _ in TABLE_METRICS] + ["loss"]
   with open(path, "w", newline="") as f:
     w = csv.writer(f)
-    w.writerow(rep.columns + ["run", "seed", "rounds"] + metrics + ["bytes_total"])
+    w.writerow(rep.columns + ["run", "seed", "rounds"] + metrics
+               + ["bytes_total", "collapsed_from"])
     for row in rep.rows:
       for s in row.per_seed:
         w.writerow([_fmt_value(row.group.values[c]) for c in rep.columns]
                    + [s["run"], s["seed"], s["rounds"]] + [_num(s[k]) for k in metrics]
-                   + [_num(s["bytes_total"])])
+                   + [_num(s["bytes_total"]), _num(s["collapsed_from"])])
 
 
 def write_report(rep: Report, out_dir: str) -> list[str]:

@@ -17,6 +17,7 @@ from jsfl.report.groups import Group, flat_config, group_runs
 from jsfl.statistics import (
   across_seeds,
   best_ma_figures,
+  collapsed_seeds,
   per_seed_figures,
 )
 
@@ -32,7 +33,8 @@ class Row:
   stats: dict               # metric -> across_seeds(...) or None
   bytes_total: float | None  # median over seeds of the last bytes_up_total + bytes_down_total
   per_position: list | None  # median over seeds of the per-seed last-5 median per position
-  per_seed: list[dict]       # one dict per (run, seed): run, seed, rounds, metrics, bytes
+  per_seed: list[dict]       # one dict per (run, seed): run, seed, rounds, metrics, bytes,
+                             # collapsed_from (first round of an unrecovered one-class collapse)
 
 
 @dataclasses.dataclass
@@ -225,13 +227,15 @@ def _row(group: Group, last: int, best_ma: int = 0) -> Row:
             if is_number(r.get("bytes_up_total")) and is_number(r.get("bytes_down_total"))}
   rounds = sorted({r["round"] for r in final.values()})
   pos_seed, pos = per_position_figures(recs, last)
+  collapsed = collapsed_seeds(recs)
   per_seed = []
   for s in sorted(final):
     run = group.runs[s[0]]
     per_seed.append({"run": run.path, "seed": s[1], "rounds": final[s]["round"],
                      **{k: figures[k].get(s) for k in keys},
                      "bytes_total": totals.get(s),
-                     "per_position": (pos_seed[s].tolist() if s in pos_seed else None)})
+                     "per_position": (pos_seed[s].tolist() if s in pos_seed else None),
+                     "collapsed_from": collapsed.get(s)})
   return Row(group, len(figures["accuracy"]),
              "-" if not rounds else (str(rounds[0]) if len(rounds) == 1
                                      else f"{rounds[0]}-{rounds[-1]}"),
