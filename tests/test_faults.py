@@ -226,10 +226,19 @@ def test_a_huge_learning_rate_is_caught_not_logged_as_a_result(tmp_path, capsys)
                    f"run.dir={out}", "--quiet"]) == 2
   line = _one_error_line(capsys)
   assert "seed 0 at round 1, seed 1 at round 1" in line and "optim.lr=1e+30" in line
+  assert "allowed: a smaller optim.lr, optim.clip_norm > 0 or a stabler" in line
   summ = json.loads(_read(f"{out}/summary.json"))
   assert summ["diverged"] == [{"seed": 0, "round": 1}, {"seed": 1, "round": 1}]
   assert summ["loss"] == {"median": None, "std": None, "per_seed": [], "seeds": []}
   assert os.path.getsize(f"{out}/metrics.jsonl") == 0
+
+
+def test_a_clipped_run_that_diverges_is_not_told_to_clip(tmp_path, capsys):
+  out = str(tmp_path / "r")
+  assert cli.main(["run", *SYN, "optim.lr=1e30", "optim.clip_norm=1.0", "run.rounds=2",
+                   f"run.dir={out}", "--quiet"]) == 2
+  line = _one_error_line(capsys)
+  assert "allowed: a smaller optim.lr or a stabler method option" in line
 
 
 # lr = 100 on the tiny synthetic model: round 1's training loss is ~1e10 but

@@ -166,7 +166,8 @@ def train_unit(unit: Unit, log) -> None:
   if bad:
     raise Diverged(f"cell{'s' * (len(bad) > 1)} {', '.join(bad)} diverged (non-finite "
                    "loss or parameters; see their summary.json); the program's other "
-                   "cells are done; allowed: a smaller optim.lr or a stabler method option",
+                   "cells are done; allowed: a smaller optim.lr, optim.clip_norm or a stabler "
+                   "method option",
                    (diverged.diverged if diverged is not None else {}), d)
 
 

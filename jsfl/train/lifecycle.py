@@ -89,8 +89,9 @@ def diverged_error(cfg: dict, out: str, diverged: dict, at: int, R: int) -> Dive
       f"training diverged: {which} (non-finite loss or parameters, or a training loss above "
       f"run.divergence_loss={cfg['run']['divergence_loss']:g}; optim.lr={o['lr']!r}"
       f"{', momentum=' + repr(o['momentum']) if o['momentum'] else ''}); {ended}; those "
-      f"seeds are marked in {out}/summary.json; allowed: a smaller optim.lr or a "
-      "stabler method option", diverged, out)
+      f"seeds are marked in {out}/summary.json; allowed: a smaller optim.lr"
+      f"{'' if o.get('clip_norm') else ', optim.clip_norm > 0'} or a stabler method option",
+      diverged, out)
 
 
 class Stopped(SystemExit):
