@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from jsfl import config as config_lib
-from jsfl import runner
+from jsfl.train import experiment, programs
 
 METHODS = "fedavg,fedprox,fedcurv,fedntd,fedseq,cwc,sfedkd"
 
@@ -32,19 +32,19 @@ def main():
   for name in a.methods.split(","):
     cfg = config_lib.load_config(a.config, ["run.seeds=1", *a.overrides,
                                             f"method.name={name}"])
-    exp = runner.prepare(cfg)
-    init, rnd, _ = runner.build_programs(exp)
-    seed_data, shared = runner.split_data(exp)
-    keys = runner.make_seed_keys(exp.seeds)
+    exp = experiment.prepare(cfg)
+    init, rnd, _ = programs.build_programs(exp)
+    seed_data, shared = programs.split_data(exp.data)
+    keys = programs.make_seed_keys(exp.seeds)
     state = init(keys)
     t0 = time.perf_counter()
-    state, m = rnd(state, seed_data, runner.round_keys(keys, 0), shared)
+    state, m = rnd(state, seed_data, programs.round_keys(keys, 0), shared)
     jax.block_until_ready(m)
     first = time.perf_counter() - t0
     times = []
     for r in range(1, a.rounds + 1):
       t0 = time.perf_counter()
-      state, m = rnd(state, seed_data, runner.round_keys(keys, r), shared)
+      state, m = rnd(state, seed_data, programs.round_keys(keys, r), shared)
       jax.block_until_ready(m)
       times.append(time.perf_counter() - t0)
     print(f"{name:8s} first round (with compile) {first:6.1f} s | round "
