@@ -348,13 +348,18 @@ PADDING_SENSITIVE_MODELS = ("mobilenet_v1", "mobilenet_v2", "resnet18")
 
 def as_it_ran(stored: dict) -> dict:
   """A stored config (config.json's ``config``) with the keys added since it
-  was written set to what its run computed where the new default differs
-  (:data:`PADDING_SENSITIVE_MODELS`); a copy, the input is left as it is."""
+  was written set to what its run computed: where the new default differs
+  (:data:`PADDING_SENSITIVE_MODELS`), and where a config asking for
+  something else must not match it (``optim.clip_norm``: a run from before
+  the key clipped nothing); a copy, the input is left as it is."""
   stored = copy.deepcopy(stored)
   model = stored.get("model")
   if (isinstance(model, dict) and "padding" not in model
       and model.get("name", SCHEMA["model"]["name"].default) in PADDING_SENSITIVE_MODELS):
     model["padding"] = "same"
+  optim = stored.get("optim")
+  if isinstance(optim, dict) and "clip_norm" not in optim:
+    optim["clip_norm"] = 0.0
   return stored
 
 

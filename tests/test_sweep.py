@@ -720,3 +720,21 @@ def test_a_config_from_before_model_padding_is_read_as_it_ran(tmp_path, model, r
   assert resumed["model"]["padding"] == ran
   assert "padding" not in old["model"]  # read, not rewritten
   assert "padding" not in json.loads((run / "config.json").read_text())["config"]["model"]
+
+
+def test_a_config_from_before_optim_clip_norm_clipped_nothing(tmp_path):
+  """A cell asking for clipping is not the unclipped run a stored config
+  from before ``optim.clip_norm`` describes; asking for none, it is."""
+  from jsfl import config as config_lib
+  from jsfl.train import lifecycle
+  cfg = config_lib.load_config(None, ["optim.clip_norm=50.0"])
+  old = json.loads(json.dumps(cfg))
+  del old["optim"]["clip_norm"]
+  run = tmp_path / "cell"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"config": old}))
+  assert sweep.config_diff(str(run), cfg) == ["optim.clip_norm"]
+  cfg["optim"]["clip_norm"] = 0.0
+  assert sweep.config_diff(str(run), cfg) == []
+  resumed, _ = lifecycle.read_run_config(str(run), None)
+  assert resumed["optim"]["clip_norm"] == 0.0
