@@ -452,6 +452,15 @@ def _n_params(model):
 def test_full_size_parameter_counts():
   # Classic LeNet-5 on 28x28x1: 156 + 2416 + 48120 + 10164 + 850.
   assert _n_params(get_model("lenet5", (28, 28, 1), 10)) == 61706
+  # FedSeq's authors' LeNet-5, conv1 unpadded: 16 * 4 * 4 = 256 features into fc1.
+  valid = get_model("lenet5", (28, 28, 1), 10, conv1_padding="valid")
+  assert _n_params(valid) == 156 + 2416 + 30840 + 10164 + 850
+  p = jax.eval_shape(valid.init, jax.random.key(0))[0]
+  assert [a.shape for a in jax.tree.leaves(p) if len(a.shape) == 2][0] == (256, 120)
+  with pytest.raises(ValueError, match=r"too small .* allowed: H and W at least 16"):
+    get_model("lenet5", (15, 15, 1), 10, conv1_padding="valid")
+  with pytest.raises(ValueError, match="conv1_padding='full'; allowed: same, valid"):
+    get_model("lenet5", (28, 28, 1), 10, conv1_padding="full")
   # 32x32 inputs reach fc1 at 6x6: 16 * 36 * 120 + 120 for fc1.
   assert _n_params(get_model("lenet5", (32, 32, 3), 10)) == (
       456 + 2416 + 69240 + 10164 + 850)

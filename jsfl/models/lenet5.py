@@ -15,6 +15,9 @@ Padding: conv1 pads SAME (2 pixels, the usual LeNet-for-MNIST choice) and
 conv2 is VALID, so any input of at least 12x12 works.  A 28x28 input gives
 the classic 28 -> 14 -> 10 -> 5 feature maps (16*5*5 = 400 features into
 fc1); a 32x32 input gives 32 -> 16 -> 12 -> 6 (16*6*6 = 576 features).
+``conv1_padding = "valid"`` leaves conv1 unpadded, as the LeNet-5 of
+FedSeq's authors' code (Li & Lyu; docs/models.md): 28 -> 24 -> 12 -> 8 -> 4,
+16*4*4 = 256 features into fc1, for inputs of at least 16x16.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from __future__ import annotations
 from jsfl.models import layers
 from jsfl.models.base import StagedModel, check_input_size, register
 
+CONV1_PADDINGS = ("same", "valid")
+
 
 @register("lenet5")
 def lenet5(input_shape, num_classes, *, norm: str = "none",
            conv_impl: str | None = None,
-           depthwise_impl: str | None = None) -> StagedModel:
+           depthwise_impl: str | None = None,
+           conv1_padding: str = "same") -> StagedModel:
   """Builds LeNet-5 (stage numbering in the module docstring).
 
   Args:
@@ -38,25 +44,32 @@ def lenet5(input_shape, num_classes, *, norm: str = "none",
       :func:`layers.default_conv_impl`.
     depthwise_impl: unused (no depthwise layers); validated and accepted for a
       uniform factory interface.
+    conv1_padding: ``"same"`` (2 pixels) or ``"valid"`` (none: FedSeq's
+      authors' LeNet-5).
 
   Returns:
     The :class:`StagedModel` with 5 stages, default cut 2, default head cut 4.
   """
   conv_impl, depthwise_impl = layers.resolve_options(
       "lenet5", input_shape, num_classes, norm, conv_impl, depthwise_impl)
+  if conv1_padding not in CONV1_PADDINGS:
+    raise ValueError(f"lenet5: conv1_padding={conv1_padding!r}; allowed: "
+                     f"{', '.join(CONV1_PADDINGS)}")
   h, w, c = input_shape
+  shrink = 4 if conv1_padding == "valid" else 0
 
   def spatial(s):
-    # conv1 SAME keeps s; pool halves; conv2 VALID removes 4; pool halves.
-    return (s // 2 - 4) // 2
+    # conv1 SAME keeps s (VALID removes 4); pool halves; conv2 VALID removes 4;
+    # pool halves.
+    return ((s - shrink) // 2 - 4) // 2
 
   check_input_size("lenet5", input_shape, spatial)
   flat = spatial(h) * spatial(w) * 16
 
   def build(rngs):
     return [
-        layers.ConvPoolBlock(c, 6, 5, padding="SAME", norm=norm, conv_impl=conv_impl,
-                      rngs=rngs),
+        layers.ConvPoolBlock(c, 6, 5, padding=conv1_padding.upper(), norm=norm,
+                             conv_impl=conv_impl, rngs=rngs),
         layers.ConvPoolBlock(6, 16, 5, padding="VALID", norm=norm, conv_impl=conv_impl,
                       rngs=rngs),
         layers.DenseRelu(flat, 120, rngs=rngs),
