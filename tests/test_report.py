@@ -360,6 +360,14 @@ def test_report_of_the_committed_core_runs_matches_their_summaries():
 def test_summary_table_after_jsfl_run(tmp_path):
   table = report.summary_table(write_run(tmp_path / "run"))
   assert "| sfl / dominant_label / synthetic / small_cnn | 2 | 52.50 +- 2.50 |" in table
+  assert "Collapsed" not in table
+  recs = make_records()
+  for rec in recs:
+    if rec["seed"] == 1 and rec["round"] >= 6:
+      rec["per_label_accuracy"] = [0.0, 0.0, 0.0, 100.0]
+  table = report.summary_table(write_run(tmp_path / "collapsed", records=recs))
+  assert table.endswith("Collapsed (one predicted label to the last evaluation; in the "
+                        "figures): seed 1 from round 6")
 
 
 def test_report_and_plots_do_not_import_jax(tmp_path):

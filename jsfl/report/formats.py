@@ -8,8 +8,10 @@ import json
 import math
 import os
 
+from jsfl.reading import read_metrics_checked, record_file
 from jsfl.report.groups import short_names
 from jsfl.report.rows import REFERENCE_VALUES, TABLE_METRICS, Report, Row
+from jsfl.statistics import collapsed_seeds
 
 
 def _fmt_reference(ref: dict | None) -> str:
@@ -229,4 +231,9 @@ def summary_table(run_dir: str) -> str:
            "| --- | --- | " + " | ".join("---" for _ in cols) + " |",
            f"| {label} | {len(s['seeds'])} | "
            + " | ".join(_fmt(s.get(k)) for k in cols) + " |"]
+  records, _ = read_metrics_checked(record_file(run_dir, "metrics.jsonl"))
+  collapsed = collapsed_seeds(records)
+  if collapsed:  # finite losses, so the divergence check let them through
+    lines += ["", "Collapsed (one predicted label to the last evaluation; in the figures): "
+              + ", ".join(f"seed {k} from round {r}" for k, r in sorted(collapsed.items()))]
   return "\n".join(lines)
