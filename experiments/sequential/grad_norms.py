@@ -26,10 +26,10 @@ import time
 import jax
 import numpy as np
 import optax
+from time_rounds import round_runner  # a sibling script: its folder is on sys.path
 
 import jsfl.core.optim as optim
 from jsfl import config as config_lib
-from jsfl.train import experiment, programs
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "grad_norms")
 
@@ -59,15 +59,10 @@ def main():
   cfg = config_lib.load_config(a.config, overrides)
   norms: list[float] = []
   optim.clip_grad_norm = observing_clip(norms)
-  exp = experiment.prepare(cfg)
-  init, rnd, _ = programs.build_programs(exp)
-  seed_data, shared = programs.split_data(exp.data)
-  keys = programs.make_seed_keys(exp.seeds)
-  state = init(keys)
+  exp, run = round_runner(cfg)
   t0 = time.perf_counter()
   for r in range(a.rounds):
-    state, m = rnd(state, seed_data, programs.round_keys(keys, r), shared)
-    jax.block_until_ready(m)
+    run(r)
   jax.effects_barrier()
   x = np.asarray(norms)
   typed = config_lib.typed(cfg)
