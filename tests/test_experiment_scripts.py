@@ -1,6 +1,9 @@
-"""The measuring scripts of experiments/sequential/ run against the library
-as it is (each on a tiny synthetic config, one or two rounds)."""
+"""The measuring scripts run against the library as it is: those of
+experiments/sequential/ on a tiny synthetic config (one or two rounds), and
+every jsfl import of every script in benchmarks/ and experiments/ resolves."""
 
+import ast
+import importlib
 import json
 import os
 import subprocess
@@ -39,3 +42,62 @@ def test_grad_norms_counts_the_steps_a_bound_would_clip(tmp_path):
   q = res["quantiles"]
   assert 0 < q["0.5"] <= q["0.9"] <= q["0.99"] <= res["max"]
   assert res["machine"]["backend"] == "cpu"
+
+
+def _scripts():
+  """Every measuring script of benchmarks/ and experiments/ (not the
+  authors' adapted code, which imports no jsfl)."""
+  out = []
+  for top in ("benchmarks", "experiments"):
+    for root, dirs, files in os.walk(os.path.join(REPO, top)):
+      dirs[:] = sorted(d for d in dirs if d != "authors_code" and not d.startswith("."))
+      out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
+  return out
+
+
+def _jsfl_imports(path):
+  """``(line, module, name or None)`` of every jsfl import in the file,
+  function-level ones too (the scripts import jsfl lazily, so ``--help``
+  would not reach them)."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+        and node.module.split(".")[0] == "jsfl":
+      for alias in node.names:
+        yield node.lineno, node.module, alias.name
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.name.split(".")[0] == "jsfl":
+          yield node.lineno, alias.name, None
+
+
+def test_every_script_imports_names_the_library_has():
+  # A script no test runs rots silently when the library moves a module
+  # (time_rounds.py imported the removed jsfl.runner): every jsfl name any of
+  # them imports must resolve.
+  scripts = _scripts()
+  assert len(scripts) > 20
+  missing = []
+  for path in scripts:
+    for line, module, name in _jsfl_imports(path):
+      where = f"{os.path.relpath(path, REPO)}:{line}"
+      try:
+        mod = importlib.import_module(module)
+      except ImportError as e:
+        missing.append(f"{where}: {module} ({e})")
+        continue
+      if name is None or hasattr(mod, name):
+        continue
+      try:
+        importlib.import_module(f"{module}.{name}")
+      except ImportError:
+        missing.append(f"{where}: {module}.{name}")
+  assert not missing, "\n".join(missing)
+
+
+def test_the_import_check_sees_function_level_imports(tmp_path):
+  script = tmp_path / "s.py"
+  script.write_text("def main():\n  from jsfl.runner import run\n  import jsfl.nowhere\n")
+  assert list(_jsfl_imports(str(script))) == [(2, "jsfl.runner", "run"),
+                                               (3, "jsfl.nowhere", None)]
