@@ -29,31 +29,26 @@ ImageNet width) is configurable because the two 4096-wide dense layers hold
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from jsfl.models import layers
 from jsfl.models.base import StagedModel, check_input_size, register
 
 
-class ConvNormRelu(nnx.Module):
-  """[pad] - conv - norm - relu [- maxpool2]."""
+class ConvNormRelu(layers.ConvNormAct):
+  """[pad] - conv3x3 - norm - relu [- maxpool2]."""
 
   def __init__(self, cin, cout, *, stride=1, pad=0, pool=False, norm, conv_impl,
                rngs):
-    # A bias in front of a normalisation would be cancelled by its mean.
-    self.conv = layers.Conv(cin, cout, 3, stride=stride,
-                            padding="VALID" if pad else "SAME", impl=conv_impl,
-                            use_bias=norm == "none", rngs=rngs)
-    self.norm = layers.Norm2d(cout, norm, rngs=rngs)
+    super().__init__(cin, cout, 3, stride=stride, padding="VALID" if pad else "SAME",
+                     norm=norm, conv_impl=conv_impl, rngs=rngs)
     self.pad, self.pool = pad, pool
 
   def __call__(self, x, *, train=False, mask=None):
     if self.pad:
       p = self.pad
       x = jnp.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
-    x = jax.nn.relu(self.norm(self.conv(x), train=train, mask=mask))
+    x = super().__call__(x, train=train, mask=mask)
     return layers.max_pool(x, 2) if self.pool else x
 
 

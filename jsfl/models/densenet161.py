@@ -71,19 +71,6 @@ def avg_pool2(x):
   return x.reshape(b, h // 2, 2, w // 2, 2, c).mean((2, 4))
 
 
-class ConvNormRelu(nnx.Module):
-  """conv - norm - relu (the stem)."""
-
-  def __init__(self, cin, cout, kernel, *, norm, conv_impl, rngs):
-    # A bias in front of a normalisation would be cancelled by its mean.
-    self.conv = layers.Conv(cin, cout, kernel, impl=conv_impl,
-                            use_bias=norm == "none", rngs=rngs)
-    self.norm = layers.Norm2d(cout, norm, rngs=rngs)
-
-  def __call__(self, x, *, train=False, mask=None):
-    return jax.nn.relu(self.norm(self.conv(x), train=train, mask=mask))
-
-
 class DenseLayer(nnx.Module):
   """norm - relu - conv1x1 - norm - relu - conv3x3, concatenated after the
   input."""
@@ -115,16 +102,6 @@ class Transition(nnx.Module):
 
   def __call__(self, x, *, train=False, mask=None):
     return avg_pool2(self.conv(jax.nn.relu(self.norm(x, train=train, mask=mask))))
-
-
-class NormRelu(nnx.Module):
-  """norm - relu (norm5, after the last dense block)."""
-
-  def __init__(self, channels, *, norm, rngs):
-    self.norm = layers.Norm2d(channels, norm, rngs=rngs)
-
-  def __call__(self, x, *, train=False, mask=None):
-    return jax.nn.relu(self.norm(x, train=train, mask=mask))
 
 
 class Classifier(nnx.Module):
@@ -184,7 +161,7 @@ def densenet161(input_shape, num_classes, *, norm: str = "batch",
 
   def build(rngs):
     c = ch(INIT_FEATURES)
-    stages = [ConvNormRelu(cin, c, 3, norm=norm, conv_impl=conv_impl, rngs=rngs)]
+    stages = [layers.ConvNormAct(cin, c, 3, norm=norm, conv_impl=conv_impl, rngs=rngs)]
     for b, n in enumerate(BLOCKS, start=1):
       for _ in range(n):
         stages.append(DenseLayer(c, growth, BN_SIZE * growth, norm=norm,
@@ -194,7 +171,7 @@ def densenet161(input_shape, num_classes, *, norm: str = "batch",
         stages.append(Transition(c, c // 2, norm=norm, conv_impl=conv_impl,
                                  rngs=rngs))
         c //= 2
-    stages += [NormRelu(c, norm=norm, rngs=rngs),
+    stages += [layers.NormRelu(c, norm=norm, rngs=rngs),
                Classifier(c, num_classes, rngs=rngs)]
     return stages
 

@@ -661,8 +661,49 @@ class Dense(nnx.Module):
     return self.linear(x.reshape(x.shape[0], -1))
 
 
+ACTIVATIONS = {"relu": jax.nn.relu, "relu6": jax.nn.relu6}
+
+
+class ConvNormAct(nnx.Module):
+  """conv - norm - activation: the stems and pointwise convolutions of the
+  CNNs (parameters ``conv``, ``norm``, as the PyTorch ports map them)."""
+
+  def __init__(self, cin, cout, kernel, *, stride=1, padding="SAME", act="relu",
+               norm, conv_impl, rngs):
+    # A bias in front of a normalisation would be cancelled by its mean.
+    self.conv = Conv(cin, cout, kernel, stride=stride, padding=padding,
+                     impl=conv_impl, use_bias=norm == "none", rngs=rngs)
+    self.norm = Norm2d(cout, norm, rngs=rngs)
+    self.act = act
+
+  def __call__(self, x, *, train=False, mask=None):
+    return ACTIVATIONS[self.act](self.norm(self.conv(x), train=train, mask=mask))
+
+
+class Residual(nnx.Module):
+  """A ResNet block's shortcut: the identity, or where the block changes the
+  shape (stride or width) a 1x1 projection - norm (parameters ``proj``,
+  ``proj_norm``).  A block calls :meth:`init_shortcut` in its ``__init__``
+  and adds :meth:`shortcut` of its input before the last relu."""
+
+  def init_shortcut(self, cin, cout, stride, *, norm, conv_impl, rngs):
+    if stride != 1 or cin != cout:
+      # A bias in front of a normalisation would be cancelled by its mean.
+      self.proj = Conv(cin, cout, 1, stride=stride, impl=conv_impl,
+                       use_bias=norm == "none", rngs=rngs)
+      self.proj_norm = Norm2d(cout, norm, rngs=rngs)
+    else:
+      self.proj = self.proj_norm = None
+
+  def shortcut(self, x, *, train=False, mask=None):
+    if self.proj is None:
+      return x
+    return self.proj_norm(self.proj(x), train=train, mask=mask)
+
+
 class NormRelu(nnx.Module):
-  """norm - relu (a stem's normalisation as a stage of its own)."""
+  """norm - relu (a stem's normalisation, or DenseNet's after its last
+  block, as a stage of its own)."""
 
   def __init__(self, channels, *, norm, rngs):
     self.norm = Norm2d(channels, norm, rngs=rngs)

@@ -51,19 +51,6 @@ CUTS = {"shallow": 4, "mid": 15, "deep": 23}
 HEAD_CUTS = {"small": 26, "large": 20}
 
 
-class ConvNormRelu(nnx.Module):
-  """Dense conv - norm - relu (the stem and the pointwise convolutions)."""
-
-  def __init__(self, cin, cout, kernel, *, norm, conv_impl, rngs):
-    # A bias in front of a normalisation would be cancelled by its mean.
-    self.conv = layers.Conv(cin, cout, kernel, impl=conv_impl,
-                            use_bias=norm == "none", rngs=rngs)
-    self.norm = layers.Norm2d(cout, norm, rngs=rngs)
-
-  def __call__(self, x, *, train=False, mask=None):
-    return jax.nn.relu(self.norm(self.conv(x), train=train, mask=mask))
-
-
 class DepthwiseNormRelu(nnx.Module):
   """Depthwise conv3x3 - norm - relu."""
 
@@ -126,15 +113,15 @@ def mobilenet_v1(input_shape, num_classes, *, norm: str = "batch",
   cin = input_shape[2]
 
   def build(rngs):
-    stages = [ConvNormRelu(cin, ch(32), 3, norm=norm, conv_impl=conv_impl,
-                           rngs=rngs)]
+    stages = [layers.ConvNormAct(cin, ch(32), 3, norm=norm, conv_impl=conv_impl,
+                                 rngs=rngs)]
     c = ch(32)
     for cout, stride in BLOCKS:
       stages.append(DepthwiseNormRelu(c, stride, norm=norm,
                                       depthwise_impl=depthwise_impl,
                                       rngs=rngs))
-      stages.append(ConvNormRelu(c, ch(cout), 1, norm=norm,
-                                 conv_impl=conv_impl, rngs=rngs))
+      stages.append(layers.ConvNormAct(c, ch(cout), 1, norm=norm,
+                                       conv_impl=conv_impl, rngs=rngs))
       c = ch(cout)
     stages.append(Classifier(c, num_classes, rngs=rngs))
     return stages

@@ -60,19 +60,6 @@ def blocks() -> tuple[tuple[int, int, int], ...]:
   return tuple(out)
 
 
-class ConvNormRelu6(nnx.Module):
-  """Dense conv - norm - relu6 (stem and conv_last)."""
-
-  def __init__(self, cin, cout, kernel, *, norm, conv_impl, rngs):
-    # A bias in front of a normalisation would be cancelled by its mean.
-    self.conv = layers.Conv(cin, cout, kernel, impl=conv_impl,
-                            use_bias=norm == "none", rngs=rngs)
-    self.norm = layers.Norm2d(cout, norm, rngs=rngs)
-
-  def __call__(self, x, *, train=False, mask=None):
-    return jax.nn.relu6(self.norm(self.conv(x), train=train, mask=mask))
-
-
 class InvertedResidual(nnx.Module):
   """Expand (1x1) - depthwise (3x3) - project (1x1, linear) [+ input]."""
 
@@ -153,16 +140,16 @@ def mobilenet_v2(input_shape, num_classes, *, norm: str = "batch",
   last = ch(LAST_CHANNELS) if width > 1 else LAST_CHANNELS
 
   def build(rngs):
-    stages = [ConvNormRelu6(cin, ch(32), 3, norm=norm, conv_impl=conv_impl,
-                            rngs=rngs)]
+    stages = [layers.ConvNormAct(cin, ch(32), 3, act="relu6", norm=norm,
+                                 conv_impl=conv_impl, rngs=rngs)]
     c = ch(32)
     for t, cout, stride in blocks():
       stages.append(InvertedResidual(c, ch(cout), t, stride, norm=norm,
                                      conv_impl=conv_impl,
                                      depthwise_impl=depthwise_impl, rngs=rngs))
       c = ch(cout)
-    stages.append(ConvNormRelu6(c, last, 1, norm=norm, conv_impl=conv_impl,
-                                rngs=rngs))
+    stages.append(layers.ConvNormAct(c, last, 1, act="relu6", norm=norm,
+                                     conv_impl=conv_impl, rngs=rngs))
     stages.append(Classifier(last, num_classes, rngs=rngs))
     return stages
 

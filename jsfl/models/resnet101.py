@@ -52,7 +52,6 @@ jsfl follows instead.
 from __future__ import annotations
 
 import jax
-from flax import nnx
 
 from jsfl.models import layers
 from jsfl.models.base import StagedModel, register
@@ -73,7 +72,7 @@ def blocks() -> tuple[tuple[int, int], ...]:
   return tuple(out)
 
 
-class Bottleneck(nnx.Module):
+class Bottleneck(layers.Residual):
   """conv1x1 - conv3x3(stride) - conv1x1 with an identity or 1x1-projection
   shortcut."""
 
@@ -89,20 +88,13 @@ class Bottleneck(nnx.Module):
     self.conv3 = layers.Conv(mid, cout, 1, impl=conv_impl, use_bias=bias,
                              rngs=rngs)
     self.norm3 = layers.Norm2d(cout, norm, rngs=rngs)
-    if stride != 1 or cin != cout:
-      self.proj = layers.Conv(cin, cout, 1, stride=stride, impl=conv_impl,
-                              use_bias=bias, rngs=rngs)
-      self.proj_norm = layers.Norm2d(cout, norm, rngs=rngs)
-    else:
-      self.proj = self.proj_norm = None
+    self.init_shortcut(cin, cout, stride, norm=norm, conv_impl=conv_impl, rngs=rngs)
 
   def __call__(self, x, *, train=False, mask=None):
     y = jax.nn.relu(self.norm1(self.conv1(x), train=train, mask=mask))
     y = jax.nn.relu(self.norm2(self.conv2(y), train=train, mask=mask))
     y = self.norm3(self.conv3(y), train=train, mask=mask)
-    if self.proj is not None:
-      x = self.proj_norm(self.proj(x), train=train, mask=mask)
-    return jax.nn.relu(x + y)
+    return jax.nn.relu(self.shortcut(x, train=train, mask=mask) + y)
 
 
 def stage_names() -> tuple[str, ...]:

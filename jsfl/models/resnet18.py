@@ -37,7 +37,6 @@ heads.
 from __future__ import annotations
 
 import jax
-from flax import nnx
 
 from jsfl.models import layers
 from jsfl.models.base import StagedModel, register
@@ -48,7 +47,7 @@ BLOCKS = ((64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
 CUTS = {"shallow": 2, "mid": 6, "deep": 10}
 
 
-class BasicBlock(nnx.Module):
+class BasicBlock(layers.Residual):
   """Two 3x3 convs with an identity or 1x1-projection shortcut."""
 
   def __init__(self, cin, cout, stride, *, norm, conv_impl, rngs):
@@ -60,19 +59,12 @@ class BasicBlock(nnx.Module):
     self.conv2 = layers.Conv(cout, cout, 3, impl=conv_impl, use_bias=bias,
                              rngs=rngs)
     self.norm2 = layers.Norm2d(cout, norm, rngs=rngs)
-    if stride != 1 or cin != cout:
-      self.proj = layers.Conv(cin, cout, 1, stride=stride, impl=conv_impl,
-                              use_bias=bias, rngs=rngs)
-      self.proj_norm = layers.Norm2d(cout, norm, rngs=rngs)
-    else:
-      self.proj = self.proj_norm = None
+    self.init_shortcut(cin, cout, stride, norm=norm, conv_impl=conv_impl, rngs=rngs)
 
   def __call__(self, x, *, train=False, mask=None):
     y = jax.nn.relu(self.norm1(self.conv1(x), train=train, mask=mask))
     y = self.norm2(self.conv2(y), train=train, mask=mask)
-    if self.proj is not None:
-      x = self.proj_norm(self.proj(x), train=train, mask=mask)
-    return jax.nn.relu(x + y)
+    return jax.nn.relu(self.shortcut(x, train=train, mask=mask) + y)
 
 
 def stage_names() -> tuple[str, ...]:

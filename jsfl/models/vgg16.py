@@ -31,9 +31,7 @@ Departure from the authors' model: their fc1 and fc2 are followed by dropout
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from jsfl.models import layers
 from jsfl.models.base import StagedModel, register
@@ -57,18 +55,15 @@ def max_pool_ceil(x):
   return layers.max_pool(x, 2)
 
 
-class ConvNormRelu(nnx.Module):
+class ConvNormRelu(layers.ConvNormAct):
   """conv3x3 - norm - relu [- max pool]."""
 
   def __init__(self, cin, cout, *, pool, norm, conv_impl, rngs):
-    # A bias in front of a normalisation would be cancelled by its mean.
-    self.conv = layers.Conv(cin, cout, 3, impl=conv_impl,
-                            use_bias=norm == "none", rngs=rngs)
-    self.norm = layers.Norm2d(cout, norm, rngs=rngs)
+    super().__init__(cin, cout, 3, norm=norm, conv_impl=conv_impl, rngs=rngs)
     self.pool = pool
 
   def __call__(self, x, *, train=False, mask=None):
-    x = jax.nn.relu(self.norm(self.conv(x), train=train, mask=mask))
+    x = super().__call__(x, train=train, mask=mask)
     return max_pool_ceil(x) if self.pool else x
 
 
