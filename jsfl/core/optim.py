@@ -18,8 +18,8 @@ def clip_grad_norm(max_norm: float) -> optax.GradientTransformation:
   """Scales the gradient by ``min(1, max_norm / (||g|| + 1e-6))``, ``||g||``
   the 2-norm over every leaf: PyTorch's ``clip_grad_norm_`` before
   ``optimizer.step()``, as FedSeq's authors' code runs it (``--clip``).
-  The 1e-6 is PyTorch's; a gradient under the bound is multiplied by
-  exactly 1, so its step is the unclipped one bit for bit."""
+  The 1e-6 is PyTorch's; a gradient under the bound passes unchanged, so
+  its step is the unclipped one bit for bit."""
   def update(updates, state, params=None):
     del params
     norm = optax.tree.norm(updates)
