@@ -88,6 +88,26 @@ def load_script(relpath, name=None):
   return mod
 
 
+def compiled_rounds(cfg, rounds, compiler_options=None):
+  """``(state, [metrics of each round])`` after ``rounds`` of a resolved
+  config's round program over its slots, built as ``jsfl run`` builds it;
+  ``compiler_options`` compile it explicitly (``DEFAULT_XLA``: as users'
+  runs compile)."""
+  from jsfl.train import experiment, programs
+  exp = experiment.prepare(cfg)
+  init, rnd, _ = programs.build_programs(exp)
+  seed_data, shared = programs.split_data(exp.data)
+  keys = programs.make_seed_keys(exp.seeds)
+  state, metrics = init(keys), []
+  if compiler_options is not None:
+    rnd = rnd.lower(state, seed_data, programs.round_keys(keys, 0),
+                    shared).compile(compiler_options)
+  for r in range(rounds):
+    state, m = rnd(state, seed_data, programs.round_keys(keys, r), shared)
+    metrics.append(m)
+  return state, metrics
+
+
 def make_fed_data(sizes, num_classes=4, shape=(8, 8, 1), seed=0, dominant=None):
   """Random uint8 images, labels and a client index table with ``sizes``."""
   rng = np.random.default_rng(seed)

@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import compiled_rounds
 
 from jsfl import config as config_lib
-from jsfl import train
 from jsfl.core import batching
 from jsfl.core.optim import round_lr
 from jsfl.core.plan import sample_clients
@@ -15,7 +15,6 @@ from jsfl.core.setup import Setup
 from jsfl.engine.orders import processing_orders
 from jsfl.methods import sfl
 from jsfl.models import get_model
-from jsfl.train.programs import build_programs, make_seed_keys, round_keys, split_data
 
 
 def test_epoch_batches_cover_each_client_once():
@@ -144,17 +143,8 @@ SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_c
 
 
 def train_runs(overrides, rounds=2):
-  cfg = config_lib.load_config(None, SYN + overrides)
-  exp = train.prepare(cfg)
-  init, rnd, _ = build_programs(exp)
-  seed_data, shared = split_data(exp.data)
-  keys = make_seed_keys(exp.seeds)
-  state = init(keys)
-  losses = []
-  for r in range(rounds):
-    state, m = rnd(state, seed_data, round_keys(keys, r), shared)
-    losses.append(np.asarray(m["loss"]))
-  return state, np.stack(losses, 1)
+  state, metrics = compiled_rounds(config_lib.load_config(None, SYN + overrides), rounds)
+  return state, np.stack([np.asarray(m["loss"]) for m in metrics], 1)
 
 
 @pytest.mark.parametrize("method, seed_exec", [("sfl", "vmap"), ("sfl", "map"),

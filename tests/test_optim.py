@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import DEFAULT_XLA
+from conftest import DEFAULT_XLA, compiled_rounds
 
 from jsfl import config as config_lib
 from jsfl.core.optim import make_optimizer, with_lr
@@ -84,7 +84,6 @@ def _compiled_rounds(clip: float, rounds: int = 3):
   """The state after ``rounds`` of a compiled FedSeq program (LeNet-5,
   weight decay, two seeds), as ``jsfl run`` builds and XLA compiles it, and
   every round's metrics."""
-  from jsfl.train import experiment, programs
   cfg = config_lib.load_config(None, [
       "dataset.name=synthetic", "dataset.input_shape=[28, 28, 1]", "dataset.num_classes=10",
       "dataset.train_size=2000", "dataset.test_size=200", "model.name=lenet5",
@@ -93,18 +92,9 @@ def _compiled_rounds(clip: float, rounds: int = 3):
       "method.local_epochs=2", "method.batch_size=64", "optim.lr=0.01",
       "optim.weight_decay=1e-4", "run.seeds=2", f"run.rounds={rounds}",
       f"optim.clip_norm={clip}"])
-  exp = experiment.prepare(cfg)
-  init, rnd, _ = programs.build_programs(exp)
-  seed_data, shared = programs.split_data(exp.data)
-  keys = programs.make_seed_keys(exp.seeds)
-  state, metrics = init(keys), []
   # At XLA's default optimisation, as users' runs compile: the suite's -O1
   # did not fuse the products that differed.
-  rnd = rnd.lower(state, seed_data, programs.round_keys(keys, 0), shared).compile(DEFAULT_XLA)
-  for r in range(rounds):
-    state, m = rnd(state, seed_data, programs.round_keys(keys, r), shared)
-    metrics.append(m)
-  return state, metrics
+  return compiled_rounds(cfg, rounds, DEFAULT_XLA)
 
 
 def test_a_bound_no_step_reaches_leaves_the_run_bit_for_bit():
