@@ -233,7 +233,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "eval_batch": _f(int, 0, "test samples per evaluation chunk; 0 = the measured "
                          "default of the backend (jsfl.train.evaluate.default_eval_batch)",
                          range="[0, 1000000]"),
-        "progress": _f(bool, True, "show a progress bar"),
+        "progress": _f(bool, True, "a progress line on stderr: round, accuracy, samples/s "
+                        "and the time left at the pace since the first round"),
         "compile_cache": _f(str, "auto", "persistent XLA compilation cache: auto = "
                             "$JSFL_COMPILE_CACHE, else $XDG_CACHE_HOME/jsfl/xla (~/.cache/"
                             "jsfl/xla); off; or a directory"),

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import jax
 import numpy as np
@@ -144,12 +145,39 @@ class StopSignals:
     self._previous = {}
 
 
-class Progress:
-  """A one-line progress bar on stderr (plain lines when not a terminal)."""
+def duration_text(seconds: float) -> str:
+  """``45s``, ``12m05s``, ``3h07m``, ``2d04h``: two units at the most."""
+  s = max(0, round(seconds))
+  if s < 60:
+    return f"{s}s"
+  if s < 3600:
+    return f"{s // 60}m{s % 60:02d}s"
+  if s < 86400:
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+  return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
-  def __init__(self, total: int, enabled: bool):
-    self.total, self.enabled = total, enabled
+
+class Progress:
+  """A one-line progress bar on stderr (plain lines when not a terminal),
+  with the time left at this process's pace."""
+
+  def __init__(self, total: int, enabled: bool, clock=time.monotonic):
+    self.total, self.enabled, self.clock = total, enabled, clock
     self.tty = sys.stderr.isatty()
+    self.since: tuple[int, float] | None = None
+    self.shown = 0  # the length of the line on the terminal
+
+  def left(self, r: int) -> str | None:
+    """The time the remaining rounds take at the pace since this process's
+    first round ended (its compilation left out), evaluations included;
+    None until a round has been timed so."""
+    now = self.clock()
+    if self.since is None:
+      self.since = (r, now)
+    r0, t0 = self.since
+    if r <= r0 or r >= self.total:
+      return None
+    return duration_text((now - t0) / (r - r0) * (self.total - r))
 
   def update(self, r: int, acc, sps: float, final: bool = False):
     if not self.enabled:
@@ -157,10 +185,13 @@ class Progress:
     width = 24
     done = int(width * r / self.total)
     acc_s = "  -  " if acc is None else f"{acc:5.2f}%"
+    left = self.left(r)
     line = (f"round {r:>4}/{self.total} [{'#' * done}{'.' * (width - done)}] "
-            f"acc {acc_s} | {sps:,.0f} samples/s")
-    if self.tty:
-      sys.stderr.write("\r" + line + ("\n" if final else ""))
+            f"acc {acc_s} | {sps:,.0f} samples/s" + (f" | {left} left" if left else ""))
+    if self.tty:  # padded over a longer line before it
+      pad = " " * max(0, self.shown - len(line))
+      self.shown = len(line)
+      sys.stderr.write("\r" + line + pad + ("\n" if final else ""))
     elif acc is not None or final:
       sys.stderr.write(line + "\n")
     sys.stderr.flush()
