@@ -489,7 +489,7 @@ def _method_options_reference() -> list[str]:
   """One table per method with its own ``[method]`` keys (its option set)."""
   lines = ["## Method options", "",
            ("Keys under `[method]` that only one method reads (its option set in "
-           "in its module, listed in `jsfl/methods/catalog.py`), checked when "
+           "its module, listed in `jsfl/methods/catalog.py`), checked when "
            "`method.name` selects it."), ""]
   for name in METHODS:
     options = method_options(name)
