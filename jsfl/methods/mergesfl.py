@@ -11,19 +11,23 @@ per batch step:
 2. the server concatenates the activations (and labels and masks) of all
    clients into one batch and takes ONE part-2 step on the masked mean
    cross-entropy over the concatenation (BatchNorm sees the merged batch);
-3. the cut-layer gradient of the merged loss is sliced back to the clients,
-   which update their part-1 (clients without a batch are left unchanged).
+3. the cut-layer gradient is sliced back to the clients, which update
+   their part-1 (clients without a batch are left unchanged).
 
-At round end the part-1 copies are averaged sample-weighted.  The server
+At round end the part-1 copies are averaged sample-weighted.  Two options
+follow the Hydra authors' ``run_mergesfl.py`` by default: ``grad_scale =
+"client_mean"``, a client gets the gradient of its own batch's mean loss
+(the merged gradient times K; ``"merged"``: its share of the merged mean
+loss, what a server calling ``loss.backward()`` on the merged batch sends);
+``part1_copies = 10``, each client's batches train 10 part-1 copies round
+robin and only the last copy is averaged (``1``: one part-1 per client, the
+paper's MergeSFL).  The server
 optimiser state persists across rounds like SFL's, the clients' lives one
 round (docs/setting.md#optimisation).
 
 Simplifications (Hydra's comparison, docs/methods-splitfed.md): no batch-size regulation (every
 client uses ``batch_size``) and no feature-merging client selection; the
-processing order plays no role.  A client receives the gradient of the
-merged mean loss w.r.t. its activations, as a PyTorch server calling
-``loss.backward()`` on the merged batch would send it, i.e. its own batch's
-share of the merged loss, not the mean loss of its batch alone.
+processing order plays no role.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def round(setup: Setup, state: State, data, key):
 
   Returns:
     ``(state, metrics)``; metrics: ``loss``, ``samples``, ``clients``
-    (participants in the first batch step's processing order).
+    (participants in the serving order of the round's first segment).
   """
   return build(setup).round(state, data, key)
 
