@@ -132,8 +132,7 @@ class CountingBytes:
 class Functions:
   """An :class:`Algorithm` from a method's module-level
   ``init(setup, key)`` and ``round(setup, state, data, key)``: for methods
-  whose round builds nothing (FedAvg and the parallel family's hooks close
-  over the setup alone)."""
+  whose round builds nothing and closes over the setup alone (MultiHead)."""
 
   setup: Setup
   init_fn: Callable

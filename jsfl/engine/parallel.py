@@ -30,9 +30,10 @@ are independent within a round:
   last step with data), the participants vmapped inside each step; on an
   accelerator this fills the device with all clients at once;
 * ``map`` / ``unroll``: clients outer (a rolled ``lax.map`` or an unrolled
-  loop), each client scanning its own batch steps and skipping the empty
-  padded ones with ``lax.cond``; on a CPU, under skewed partitions, a small
-  client's padded steps then cost nothing (the measurement behind the CPU
+  loop), each client looping (``lax.fori_loop``) over only its live batch
+  steps, taken live-first, so the empty padded ones are never run; on a
+  CPU, under skewed partitions, a small client's padded steps then cost
+  nothing (the measurement behind the CPU
   default is in ``benchmarks/README.md``, ``multisfl_vs_authors.py``).
 """
 

@@ -4,9 +4,11 @@ and rule, and the state a round leaves.
 SFL (SplitFedV2) keeps one part-2 on the server, updated participant after
 participant (:class:`~jsfl.engine.split.SequentialServer`), and the
 participants' part-1 copies averaged at round end.  Its variants (a server
-loss of their own, another aggregation, a mutation of the start models;
-SplitNN, MergeSFL) change one hook of the split round and keep the rest, so
-the rest lives here, in the engine layer, instead of in ``jsfl.methods.sfl``
+loss of their own, another aggregation, a mutation of the start models)
+change one hook of the split round and keep the rest; SplitNN (its own
+visit loop over the split engine's batch step) and MergeSFL (a merged
+server and client hooks of its own) keep SFL's state, init or server rule.
+What they share lives here, in the engine layer, instead of in ``jsfl.methods.sfl``
 (no method module imports another).
 """
 

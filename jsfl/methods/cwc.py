@@ -11,7 +11,7 @@ sequence minimises
 where ``w_prev`` is the model it received (client m-1's output) and ``C`` is a
 consolidation (importance) matrix that accumulates along the client
 sequence: after client m trains, its diagonal Fisher at its trained model on
-its data (``jsfl.methods.fedcurv.diag_fisher``, one epoch) is added to C.  At
+its data (``jsfl.engine.fisher.diag_fisher``, one epoch) is added to C.  At
 every round start C is multiplied by ``sigma`` so old clients' importance
 decays cyclically.  Defaults lambda = 1.0, sigma = 0.5 (docs/methods-sequential.md).
 

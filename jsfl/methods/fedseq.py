@@ -10,7 +10,8 @@ aggregation.
 
 The round is the sequential engine's (:mod:`jsfl.engine.sequential`) with no
 hooks: one jitted program, a ``lax.scan`` over the client sequence with a
-nested ``lax.scan`` over that client's padded batch steps.  SFedKD and CWC
+nested ``lax.fori_loop`` over that client's live batch steps (its padded
+empty steps are never run).  SFedKD and CWC
 are the same round with hooks.
 
 Sequence order (``method.order``): ``random`` (default) a fresh random

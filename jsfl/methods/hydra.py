@@ -6,11 +6,14 @@ AAAI 2026 (Sec. 4, Algorithm 2, Appendix A); docs/methods-hydra.md.
 The model is split in three: part-1 at the clients (as in SFL), part-2a at
 the server, shared and updated sequentially in the round's processing order,
 and G heads (part-2b) stored as one stacked pytree with a leading G axis.
-Every client belongs to one group (``group_clients``, the corrected
-Algorithm 2); in a server step the client's batch goes through part-2a and
-the head of its group, and only part-2a and that head are updated (the head
-is gathered from the stack by index and scattered back; no Python indexing by
-client).  At round end part-1 copies are averaged sample-weighted and the G
+Every client belongs to one group: by default (``grouping = "table"``, the
+authors' code) the group of its dominant label in the label -> group table
+(``group_by_table``), or with ``grouping = "algorithm2"`` the paper's
+balanced assignment (``group_clients``, the corrected Algorithm 2).  In a
+server step the client's batch goes through part-2a and the head of its
+group, and only part-2a and that head are updated (the head is gathered
+from the stack by index and scattered back; no Python indexing by client).
+At round end part-1 copies are averaged sample-weighted and the G
 heads are averaged uniformly and copied back into every head, so the output
 model is part-1 + part-2a + the averaged head.
 
@@ -365,9 +368,9 @@ def build(setup: Setup) -> split.SplitRounds:
   and rule in the run's label-cycle schedule.
 
   ``setup.order`` is the processing order of part-2a; the method options
-  ``groups``, ``head_cut`` / ``head`` and ``superclasses`` place the heads.
-  A round's metrics: ``loss``, ``samples``, ``clients`` (first step's
-  processing order) and ``head_batches``."""
+  ``groups``, ``head_cut`` / ``head``, ``superclasses`` and ``grouping``
+  place the heads.  A round's metrics: ``loss``, ``samples``, ``clients``
+  (the serving order of the round's first segment) and ``head_batches``."""
   alg = split.SplitAlgorithm(server_init=server, server_rule=serve(setup),
                              schedule=split.label_cycle, plan=plan)
   return split.SplitRounds(setup, alg, init, finish)

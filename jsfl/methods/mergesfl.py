@@ -17,7 +17,8 @@ per batch step:
 At round end the part-1 copies are averaged sample-weighted.  Two options
 follow the Hydra authors' ``run_mergesfl.py`` by default: ``grad_scale =
 "client_mean"``, a client gets the gradient of its own batch's mean loss
-(the merged gradient times K; ``"merged"``: its share of the merged mean
+(the merged gradient times the step's valid samples over the client's own,
+n with full batches; ``"merged"``: its share of the merged mean
 loss, what a server calling ``loss.backward()`` on the merged batch sends);
 ``part1_copies = 10``, each client's batches train 10 part-1 copies round
 robin and only the last copy is averaged (``1``: one part-1 per client, the
@@ -54,7 +55,8 @@ MERGE_GRADS = ("client_mean", "merged")
 class MergeSFLOptions:
   grad_scale: str = option("client_mean", "cut-layer gradient a client gets back: "
                            "client_mean = that of its own batch's mean loss (the authors' "
-                           "code: the merged gradient times K), merged = its share of the "
+                           "code: the merged gradient times the step's samples over the "
+                           "client's own), merged = its share of the "
                            "merged batch's mean loss", choices=MERGE_GRADS)
   part1_copies: int = option(10, "part-1 copies per client, used round robin over its "
                              "batches, only the last one averaged at round end (the "

@@ -5,10 +5,13 @@ AAAI 2026, Sec. 2 and Algorithm 1); docs/methods-splitfed.md.
 
 Each participating client holds a copy of part-1; ONE server part-2 is updated
 sequentially: the split round (``jsfl.engine.split``) with the
-:class:`~jsfl.engine.split.SequentialServer` rule over this step's processing
-order (random / cyclic / cyclic_reverse / fixed), one SGD step per client
-batch.  What the other sequential-server methods (the SFL forms of FedNTD,
-FedExp and FedMut, SplitNN, MergeSFL, label smoothing) share with it is in
+:class:`~jsfl.engine.split.SequentialServer` rule over the round's serving
+order, one SGD step per client batch: the processing order (random /
+cyclic / cyclic_reverse / fixed) meets the batches as the Hydra authors'
+server queue does (``method.order_rule = "authors"``, the default) or one
+batch step at a time (``"steps"``; :mod:`jsfl.engine.schedule`).  What the
+other SFL-family methods (the SFL forms of FedNTD, FedExp and FedMut,
+SplitNN, MergeSFL, label smoothing) share with it is in
 :mod:`jsfl.engine.sfl_family`.
 
 At round end the part-1 copies (and their BatchNorm statistics) are averaged

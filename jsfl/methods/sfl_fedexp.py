@@ -1,16 +1,17 @@
-"""FedExp in its SFL form (docs/methods-sequential.md, last paragraph): the SFL workflow whose
+"""FedExp in its SFL form (docs/methods-multisfl.md#sfl-form-baselines): SFL whose
 client-portion aggregation is FedExp's extrapolating server step.
 
 FedExp: Jhunjhunwala, Wang, Joshi, "FedExP: Speeding Up Federated Averaging
 via Extrapolation", ICLR 2023.  The MultiSFL paper (Xia et al., AAAI 2025)
 runs it as an SFL baseline without details.  In SFL only the client portions
 are aggregated (the server portion is one model trained sequentially), so
-the server rule replaces that aggregation: with the round's global client
+FedExp's step replaces that aggregation at round end (``finish``; the
+server rule is SFL's): with the round's global client
 portion ``w`` and the participants' trained ones ``w_i``,
 ``D_i = w - w_i``, ``D_bar = sum_i a_i D_i``,
 ``eta_g = max(1, sum_i a_i ||D_i||^2 / (2 (||D_bar||^2 + eps)))`` and
 ``w <- w - eta_g D_bar``, norms over all client-portion parameters.  With the
-default uniform weights ``a_i = 1/M`` this is docs/methods-sequential.md's
+default uniform weights ``a_i = 1/M`` this is FedExp's
 ``sum_i ||D_i||^2 / (2 M (||D_bar||^2 + eps))``; ``weights = "samples"``
 uses SFL's sample weights instead (eta_g = 1 is then exactly SFL).  The
 server portion is trained as in SFL.

@@ -1,4 +1,4 @@
-"""FedMut in its SFL form (docs/methods-sequential.md, last paragraph): SFL whose participants
+"""FedMut in its SFL form (docs/methods-multisfl.md#sfl-form-baselines): SFL whose participants
 start each round from mutated copies of the global client portion.
 
 FedMut: Hu, Cao, Li, Li, Liu, Li, Chen, Liu, "FedMut: Generalized Federated
@@ -8,7 +8,7 @@ and its last update ``g = w_t - w_{t-1}`` give the next round's starting
 models: for every layer (parameter leaf) independently, half of the
 participants start at ``w + a g`` and the other half at
 ``w + a (-1 + beta_t) g``, in a random arrangement per layer, with a = 4 and
-``beta_t = 0.3 (1 - min(t / 50, 1))`` (t the round that produced g; docs/methods-sequential.md);
+``beta_t = 0.3 (1 - min(t / 50, 1))`` (t the round that produced g);
 with an odd number of participants one starts at ``w`` (the authors'
 code).  The MultiSFL paper (Xia et al., AAAI 2025) runs FedMut as an SFL
 baseline without details; in SFL only the client portions are aggregated

@@ -11,9 +11,11 @@ sample-weighted) with FedNTD's loss at the server:
 ``CE + beta * tau^2 * KL(q~_global || q~_local)`` over the not-true classes
 (:func:`jsfl.engine.ntd.ntd_loss`, shared with the parallel FedNTD).  The teacher is
 the round's starting global model (client portion + server portion, frozen,
-eval mode) on the same client batch; its logits are computed once per batch
-step for all participants.  The distillation gradient reaches the client
-portions through the cut-layer gradient, like the cross-entropy's.
+eval mode) on the same client batch; its logits are computed once per
+schedule segment for the segment's participants (the same values as once per
+batch step; more forwards of the teacher when segments outnumber steps).
+The distillation gradient reaches the client portions through the
+cut-layer gradient, like the cross-entropy's.
 
 On the split engine this is SFL's round with one hook changed: the server
 loss (:func:`ntd_loss_fn`).  ``sfl_fedexp`` changes the aggregation and
@@ -21,9 +23,9 @@ loss (:func:`ntd_loss_fn`).  ``sfl_fedexp`` changes the aggregation and
 
 Decisions and departures:
 
-* Which SFL: docs/methods-sequential.md says "the SFL workflow", and
-  docs/methods-splitfed.md's SFL is SplitFedV2,
-  which is what these three modules build on.  The MultiSFL paper's own SFL
+* Which SFL: the paper says "SFL versions"; docs/methods-splitfed.md's SFL
+  is SplitFedV2 (docs/methods-multisfl.md#sfl-form-baselines), which is
+  what these three modules build on.  The MultiSFL paper's own SFL
   baseline is the parallel one (its text: clients work with the main server
   "in parallel"; the authors' public code gives each selected client copies
   of both global portions and averages both), i.e. SplitFedV1, which equals
@@ -35,8 +37,8 @@ Decisions and departures:
   :func:`communication` counts one extra activation per sample up.
 * Metrics: ``loss`` is the mean cross-entropy (as SFL's), ``reg_loss`` the
   mean ``beta * NTD`` term (as ``fedntd``'s).
-* Defaults beta = 1, tau = 1 (docs/methods-sequential.md); the ``tau^2`` factor of the authors'
-  code is kept (see ``fedntd``).
+* Defaults beta = 1, tau = 1, as ``fedntd``'s (docs/methods-sequential.md); the ``tau^2``
+  factor of the authors' code is kept (see ``fedntd``).
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def ntd_loss_fn(teacher_logits, beta: float, tau: float):
 
 
 def serve(setup: Setup) -> split.ServerRule:
-  """The server rule: SFL's, with the teacher's logits of the step's batches
-  (computed once per step for all participants) in the loss; the teacher
+  """The server rule: SFL's, with the teacher's logits of the segment's
+  batches (computed once per segment for its participants) in the loss; the teacher
   is the round's starting model (part-1 + part-2 of the state)."""
   def rule(state, plan, step):
     o = plan.options

@@ -45,7 +45,8 @@ def finish(setup: Setup, state: State, out: split.SplitRound):
 
 def build(setup: Setup) -> split.SplitRounds:
   """SplitFedV1 for a run: a part-2 copy per participant, both portions
-  averaged sample-weighted; same metrics as FedAvg's round."""
+  averaged sample-weighted; metrics ``loss``, ``samples`` and ``clients``
+  (the split family's; no ``reg_loss``, which FedAvg's round logs as 0)."""
   alg = split.SplitAlgorithm(server_init=split.part2_copies,
                              server_rule=split.own_part2(setup), schedule=split.batch_steps)
   return split.SplitRounds(setup, alg, init, finish)

@@ -16,9 +16,12 @@ round is one jitted program:
 
 1. n main clients are sampled without replacement and assigned to the
    branches in random order (:func:`~jsfl.methods.multisfl.algorithm.decide`).
-2. Score vectors (Eq. 2) take the main clients' label counts; quotas (Eqs.
-   3-4) follow from them and the round's sampling proportion ``p_r``
-   (:mod:`~jsfl.methods.multisfl.replay`).
+2. Score vectors take the main clients' label counts; quotas follow from
+   them and the round's sampling proportion ``p_r``
+   (:mod:`~jsfl.methods.multisfl.replay`).  By default as the authors'
+   code computes them (``score_update``, ``min_request``,
+   ``request_rounding``); the papers' Eq. 2 and Eqs. 3-4 are the options'
+   other values (``PAPER_READING``).
 3. Knowledge extraction: per branch, the clients that may assist are visited
    in a random order, each giving ``min(outstanding quota, its holdings)`` of
    every class, sampled uniformly from its data of that class: a cumulative
@@ -27,9 +30,12 @@ round is one jitted program:
 4. Local training: E epochs of split SGD of every branch on its main
    client's batches, all branches side by side: the split round of
    :mod:`jsfl.engine.split` with a server portion per branch
-   (:func:`~jsfl.methods.multisfl.algorithm.serve`); a step's server batch is the
-   main client's features plus its replay share, whose features a copy of
-   ``wc_i`` computes; only the main features send a gradient back.
+   (:func:`~jsfl.methods.multisfl.algorithm.serve`); a step's server
+   portion sees the main client's features and its replay share, whose
+   features a copy of ``wc_i`` computes: by default in two forwards, each
+   with its own BatchNorm batch, their losses summed (``server_forward =
+   "separate"``, the authors' code), or as one concatenated batch
+   (``"concat"``); only the main features send a gradient back.
 5. The next sampling proportion from a gradient signal
    (:mod:`~jsfl.methods.multisfl.proportion`, option ``p_rule``).
 6. Aggregation: master ``w = mean_i w_i`` (parameters and BatchNorm

@@ -101,7 +101,7 @@ class Decisions(NamedTuple):
   take: jax.Array        # (n, K, L) taken from every assistant
   ridx: jax.Array        # (T, n, R) replay share of every step
   rmask: jax.Array       # (T, n, R)
-  served: jax.Array      # (n, L) replayed per class (one epoch)
+  served: jax.Array      # (n, L) per class in the replay list (an epoch's batches draw from it)
   lr: jax.Array          # the round's learning rate
 
 

@@ -33,7 +33,9 @@ def update_scores_authors(sv, w, counts, gamma):
 
   Unlike Eq. 2 it decays the previous score twice (once by gamma, once
   through the normalisation), so the previous round's weight relative to the
-  current one is gamma, then 1/3, then tends to gamma^2 (0.25 at gamma 0.5).
+  current one is ``gamma / w`` of the previous round: gamma, then
+  gamma / (1 + gamma), tending to gamma (1 - gamma) (1/3 and 0.25 at gamma
+  0.5) where Eq. 2 keeps gamma.
 
   Returns:
     ``(sv, w, sv)``: the state's ``(score_num, score_den)`` hold ``sv`` and
