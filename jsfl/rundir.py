@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import time
 
 import numpy as np
@@ -307,3 +308,44 @@ def truncate_metrics(path: str, last_round: int) -> list[dict]:
   kept, lines = _records_upto(path, last_round)
   _replace_atomic(path, lambda f: f.writelines(lines))
   return kept
+
+
+def duration_text(seconds: float) -> str:
+  """``45s``, ``12m05s``, ``3h07m``, ``2d04h``: two units at the most."""
+  s = max(0, round(seconds))
+  if s < 60:
+    return f"{s}s"
+  if s < 3600:
+    return f"{s // 60}m{s % 60:02d}s"
+  if s < 86400:
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+  return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def checkpointed_round(run_dir: str) -> int | None:
+  """The newest round under ``run_dir/checkpoints/`` (its numbered folders;
+  read without orbax, so the planner stays free of JAX), or None."""
+  try:
+    names = os.listdir(os.path.join(run_dir, "checkpoints"))
+  except OSError:
+    return None
+  rounds = [int(n) for n in names if n.isdigit()]
+  return max(rounds) if rounds else None
+
+
+def round_seconds(run_dir: str) -> float | None:
+  """The median training wall time of the run's evaluated rounds, from
+  ``metrics.jsonl`` (one figure a round; a process's first round, which
+  compiles, is outnumbered), or None without two such rounds."""
+  walls: dict[int, float] = {}
+  try:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      for line in f:
+        try:
+          rec = json.loads(line)
+          walls.setdefault(int(rec["round"]), float(rec["wall_s"]))
+        except (ValueError, KeyError, TypeError):
+          continue  # a damaged line: jsfl report names it
+  except OSError:
+    return None
+  return statistics.median(walls.values()) if len(walls) >= 2 else None

@@ -2,7 +2,8 @@
 
 import pytest
 
-from jsfl.train.lifecycle import Progress, duration_text
+from jsfl.rundir import duration_text
+from jsfl.train.lifecycle import Progress
 
 
 @pytest.mark.parametrize("seconds,text", [(0, "0s"), (44.6, "45s"), (60, "1m00s"),

@@ -546,6 +546,36 @@ def test_dry_run_lists_statuses_and_writes_nothing(ran, capsys):
   assert line.endswith("with another config (optim.lr; delete it to rerun)")
 
 
+def test_dry_run_says_where_a_partial_cell_resumes_and_its_time_left(tmp_path, capsys):
+  """A long cell's line names its newest checkpoint and the rest's time at
+  the median round time of its records (a process's compiling first round
+  outnumbered), read without orbax or JAX."""
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", '[grid]\n"method.name" = ["sfl"]',
+                     base=BASE.replace('"run.rounds" = 2', '"run.rounds" = 1000'))
+  cell = tmp_path / "out" / "t" / "method=sfl"
+  for name in ("100", "110", "120.orbax-checkpoint-tmp-7"):  # the last one unfinished
+    (cell / "checkpoints" / name).mkdir(parents=True)
+  walls = {5: 400.0, 10: 60.0, 15: 58.0, 20: 62.0, 105: 300.0, 110: 61.0}
+  with open(cell / "metrics.jsonl", "w") as f:
+    for r, w in walls.items():
+      for seed in (0, 1):
+        f.write(json.dumps({"round": r, "seed": seed, "wall_s": w}) + "\n")
+    f.write("{damaged\n")
+  capsys.readouterr()
+  assert cli.main(["sweep", path, "--dry-run"]) == 0
+  line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  "))
+  assert line.split()[:2] == ["partial", "method=sfl"]
+  # median of 58, 60, 61, 62, 300, 400 = 61.5 s a round, 890 rounds left
+  assert line.endswith("has checkpoints/ (resumed at round 110 of 1000; "
+                       "~15h12m left at 62 s a round)")
+  code = ("import sys; from jsfl import rundir, sweep; "
+          f"print(rundir.checkpointed_round({str(cell)!r}), rundir.round_seconds({str(cell)!r})); "
+          "assert 'jax' not in sys.modules")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True).stdout
+  assert out.split() == ["110", "61.5"]
+
+
 def test_out_dir_points_the_sweep_at_cells_elsewhere(ran, capsys):
   """--out-dir reads the same cells from another directory (committed results)."""
   tmp, _, sw = ran

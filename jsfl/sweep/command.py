@@ -6,11 +6,21 @@ import json
 import os
 import sys
 
-from jsfl import slots
+from jsfl import config as config_lib
+from jsfl import rundir, slots
 from jsfl.sweep.collect import COLLECTED, collect
 from jsfl.sweep.execute import run_units, validate_units
 from jsfl.sweep.format import SweepError, load_sweep, parse_shard, resolve
-from jsfl.sweep.plan import Unit, config_diff, pending, plan, seed_text, shard, started, status
+from jsfl.sweep.plan import (
+  Unit,
+  config_diff,
+  pending,
+  plan,
+  seed_text,
+  shard,
+  started,
+  status,
+)
 
 
 def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
@@ -99,13 +109,15 @@ def print_plan(sweep, mine, programs, shard_in, log) -> None:
     own = static_text(u, programs)
     log(f"program {k + 1}: {len(u.cells)} cell{'s' * (len(u.cells) != 1)}, {u.slots} "
         f"slot{'s' * (u.slots != 1)} ({what}{'; ' + own if own else ''})")
+    rounds = config_lib.typed(u.cells[0].cfg).run.rounds
     for c in u.cells:
       st = status(c)
       note = f"  seeds {seed_text(c.seeds)}"
       if st != "done" and u.batched and started(u.dir):
         st = "partial"
+        note += resume_text(u.dir, rounds)
       elif st == "partial" and os.path.isdir(os.path.join(c.dir, "checkpoints")):
-        note += "  has checkpoints/ (resumed)"
+        note += resume_text(c.dir, rounds)
       elif st == "done" and (diff := config_diff(c.dir, c.cfg)):
         note += f"  with another config ({', '.join(diff)}; delete it to rerun)"
       log(f"  {st:<8} {c.name:<{width}}{note}".rstrip())
@@ -114,6 +126,19 @@ def print_plan(sweep, mine, programs, shard_in, log) -> None:
     log("(exec.max_slots = 0: a program too large for the device's memory is cut when "
         "the sweep runs)")
   log(f"{len(to_go)} program{'s' * (len(to_go) != 1)} to go")
+
+
+def resume_text(run_dir: str, rounds: int) -> str:
+  """Where a partial run resumes and, at its recorded pace, how long the
+  rest takes: ``has checkpoints/ (resumed at round 110 of 1000; ~13h21m
+  left at 54 s a round)``."""
+  r = rundir.checkpointed_round(run_dir)
+  if r is None:
+    return ""
+  sec = rundir.round_seconds(run_dir)
+  left = (f"; ~{rundir.duration_text(sec * (rounds - r))} left at {sec:,.0f} s a round"
+          if sec is not None and r < rounds else "")
+  return f"  has checkpoints/ (resumed at round {r} of {rounds}{left})"
 
 
 def static_text(unit: Unit, programs: list[Unit]) -> str:

@@ -145,18 +145,6 @@ class StopSignals:
     self._previous = {}
 
 
-def duration_text(seconds: float) -> str:
-  """``45s``, ``12m05s``, ``3h07m``, ``2d04h``: two units at the most."""
-  s = max(0, round(seconds))
-  if s < 60:
-    return f"{s}s"
-  if s < 3600:
-    return f"{s // 60}m{s % 60:02d}s"
-  if s < 86400:
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-  return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 class Progress:
   """A one-line progress bar on stderr (plain lines when not a terminal),
   with the time left at this process's pace."""
@@ -177,7 +165,7 @@ class Progress:
     r0, t0 = self.since
     if r <= r0 or r >= self.total:
       return None
-    return duration_text((now - t0) / (r - r0) * (self.total - r))
+    return rundir.duration_text((now - t0) / (r - r0) * (self.total - r))
 
   def update(self, r: int, acc, sps: float, final: bool = False):
     if not self.enabled:
