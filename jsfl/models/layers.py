@@ -120,8 +120,9 @@ def default_im2col_grad(backend: str | None = None) -> str:
   on one core, batch 64: LeNet-5 5.9k against 3.6k samples/s, its 5x5
   kernels over one and six channels making 25 thin products of the taps;
   the small CNN 5.5k against 4.3k; ``benchmarks/im2col_forms.py``).
-  Elsewhere ``taps``: the transient patch matrix is what held a ResNet-18
-  round's part-1 at 4.5 GB on an H200 (``_conv_im2col``).
+  Elsewhere ``taps``, which never holds a patch matrix: with one, a
+  ResNet-18 server visit of 8 seeds held 4.7 GB of temporaries on an H200
+  (``_conv_im2col``).
   """
   backend = backend or jax.default_backend()
   return "patches" if backend == "cpu" else "taps"
@@ -287,9 +288,12 @@ def _conv_im2col(x, kernel, stride, padding, grad):
   """A spatial convolution as one matmul of the input's patches.
 
   Its own VJP keeps only the input for the backward pass: autodiff would
-  keep the patch matrix, ``kh * kw`` times the input (a ResNet-18 server
-  visit of 8 seeds on an H200: 4.5 GB of temporaries against 3.1 GB for
-  XLA's convolution); the backward builds the patches again, once."""
+  keep the patch matrix, ``kh * kw`` times the input; the backward builds
+  the patches again, once (with im2col, a ResNet-18 server visit of 8 seeds
+  on an H200 held 4.7 GB of temporaries against 4.5 GB for XLA's
+  convolution,
+  benchmarks/results/gpu-h200-20261127/seed_kernels-gpu-vm-20261127-073847.json;
+  ``im2col_grad = "taps"`` never forms them in the backward)."""
   kh, kw, cin, cout = kernel.shape
   cols, oh, ow = _cols(x, kh, kw, stride, padding)
   out = cols @ kernel.reshape(kh * kw * cin, cout)
