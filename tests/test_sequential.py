@@ -525,6 +525,21 @@ def test_sfedkd_equals_loop():
     assert m["reg_loss"] > 0
 
 
+def test_sfedkd_equals_loop_when_epochs_drop_different_remainders():
+  """``method.drop_last``: each epoch leaves out another partial batch, so a
+  later epoch holds samples the first did not; the teachers' logits must be
+  theirs (the cache of the first epoch's logits would hand such a sample
+  another's), as in the loop, which runs the teachers on every batch."""
+  data = make_fed_data(DATA_SIZES)  # none a multiple of the batch of 4
+  setup = seq_setup(data, drop_last=True, options=SFedKDOptions(num_teachers=KD["m"]))
+  key = jax.random.key(8)
+  state, losses, _ = run_logged(sfedkd, setup, data, key, 3)
+  (p, s, _), ref_losses, _ = ref_sequential(sfedkd, setup, data, key, 3, kd=KD)
+  chex.assert_trees_all_close(state.params, p, **TOL)
+  chex.assert_trees_all_close(state.stats, s, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+
+
 @pytest.mark.parametrize("mod", [fedseq, sfedkd], ids=["fedseq", "sfedkd"])
 def test_clipped_sequential_round_equals_loop(mod):
   """``optim.clip_norm``: every client step's gradient (CE plus the KD

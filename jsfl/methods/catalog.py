@@ -166,7 +166,7 @@ METHODS: dict[str, Entry] = {
         'kd_loss': Option(str, 'dkd', "distillation term: dkd = SFedKD's discrepancy-weighted multi-teacher DKD; aver / ebkd / camkd = plain KD from the same teachers weighted equally / by entropy / by confidence (the FedSeq + AVER / EBKD / CA-MKD baselines)", ('dkd', 'aver', 'ebkd', 'camkd'), None, False),
         'kd_weight': Option(float, 1.0, 'weight of the KD term of kd_loss = aver / ebkd / camkd', None, '[0, inf)', True),
         'teacher_exec': Option(str, 'auto', "how the teachers' forward runs: one vmapped forward over the stacked teachers, or unrolled; auto = unroll on CPU, vmap elsewhere", ('auto', 'vmap', 'unroll', 'map'), None, False),
-        'teacher_cache': Option(bool, True, 'run the teachers once per client on its first epoch and look their logits up in later epochs (same values, E times fewer teacher forwards)', None, None, False),
+        'teacher_cache': Option(bool, True, 'run the teachers once per client on its first epoch and look their logits up in later epochs (same values, E times fewer teacher forwards); not used with method.drop_last, whose epochs hold different samples', None, None, False),
     }),
     'sfl': Entry('jsfl.methods.sfl', {
     }),

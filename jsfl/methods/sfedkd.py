@@ -79,7 +79,8 @@ mode on every student batch in one vmapped forward (``teacher_exec =
 default: same values, ~6x faster there).  With ``teacher_cache`` (default)
 the teachers run once per student on its first epoch and later epochs look
 the logits up by sample index (the teachers are frozen, so the values are
-the same; E times fewer teacher forwards).  Round 1 has no teachers (the KD terms
+the same; E times fewer teacher forwards; not with ``method.drop_last``,
+whose epochs each leave out another remainder).  Round 1 has no teachers (the KD terms
 are multiplied by 0), and ``num_teachers = 0`` is FedSeq.  Every option is a
 config key under ``[method]`` (see ``SFedKDOptions``), so the paper's ablations
 (teacher number, random selection, equal weights, metric) are configs.
@@ -169,7 +170,8 @@ class SFedKDOptions:
                              "unroll on CPU, vmap elsewhere", choices=TEACHER_EXECS)
   teacher_cache: bool = option(True, "run the teachers once per client on its first "
                                "epoch and look their logits up in later epochs (same "
-                               "values, E times fewer teacher forwards)")
+                               "values, E times fewer teacher forwards); not used with "
+                               "method.drop_last, whose epochs hold different samples")
 
 
 @struct.dataclass
@@ -503,10 +505,18 @@ def plan(setup: Setup, state: State, data, key) -> RoundPlan:
       (state.round > 0).astype(jnp.float32), data))
 
 
+def uses_cache(setup: Setup) -> bool:
+  """Whether the round caches the teachers' first-epoch logits: with
+  ``teacher_cache``, unless ``drop_last`` leaves a different remainder out
+  of every epoch (a later epoch's sample may have no cached logits)."""
+  return bool(setup.options.teacher_cache) and not setup.drop_last
+
+
 def client_context(setup: Setup):
   """Per student (sequence order): its TCKD and NCKD teacher weights (None
   under a KD baseline, whose weights are per sample) and, with
   ``teacher_cache``, the teachers' logits on its first epoch."""
+  cache = uses_cache(setup)
   def context(state: State, plan: RoundPlan, seq):
     o, t = plan.options, plan.context
     w_tc = w_nc = None
@@ -516,7 +526,7 @@ def client_context(setup: Setup):
           t.data.counts[students], t.data.counts[state.prev_clients[t.pos]],
           metric=o.metric, eps=o.eps, smooth=o.smooth, tc=o.tc_weights, nc=o.nc_weights)
     cached = None
-    if o.teacher_cache:
+    if cache:
       nb = plan.idx.shape[0] // setup.local_epochs
       ep_idx = jnp.swapaxes(plan.idx[:nb, seq], 0, 1)      # (n, nb, B)
       ep_mask = jnp.swapaxes(plan.mask[:nb, seq], 0, 1)
@@ -532,11 +542,12 @@ def client_term(setup: Setup):
   rule = setup.options.kd_loss
   if rule not in KD_LOSSES:
     raise ValueError(f"kd_loss={rule!r}; allowed: {KD_LOSSES}")
+  cache = uses_cache(setup)
 
   def term(plan: RoundPlan, p, batch, client):
     o, t = plan.options, plan.context
     wtc, wnc, cached = client.ctx
-    if o.teacher_cache:
+    if cache:
       ids, valid, logits = cached
       tl = lookup_logits(ids, valid, logits, batch.idx)
     else:
