@@ -568,6 +568,17 @@ def kd_baseline_run(rule):
   return run_logged(sfedkd, seq_setup(data, options=opts), data, jax.random.key(12), 3)
 
 
+def test_sfedkd_round_bytes_send_teachers_from_round_2():
+  """A round's own traffic: every participant gets the model and, once
+  there are teachers (round 2 on), the M teachers; it sends one model up."""
+  _, _, metrics = kd_baseline_run("aver")
+  setup = seq_setup(make_fed_data(DATA_SIZES), options=SFedKDOptions(num_teachers=KD["m"]))
+  b, n = parallel.model_bytes(setup), setup.clients_per_round
+  assert [float(m["bytes_down"]) for m in metrics] == [n * b, n * (1 + KD["m"]) * b,
+                                                       n * (1 + KD["m"]) * b]
+  assert [float(m["bytes_up"]) for m in metrics] == [n * b] * 3
+
+
 @pytest.mark.parametrize("rule", ["aver", "ebkd", "camkd"])
 def test_sfedkd_kd_baselines_equal_loop(rule):
   """FedSeq + AVER / EBKD / CA-MKD (``kd_loss``) against the loop with the

@@ -572,6 +572,12 @@ def finish(setup: Setup, state: State, out: sequential.SequenceRound):
     w_tc, w_nc, _ = out.context
     metrics.update(teachers=jnp.where(t.on > 0, state.prev_clients[t.pos], -1),
                    teacher_pos=t.pos)
+    # the round's own traffic: round 1 sends no teachers
+    up, down = communication(setup, 0)
+    model = parallel.model_bytes(setup)
+    teachers = setup.clients_per_round * setup.options.num_teachers * model
+    metrics.update(bytes_up=jnp.asarray(up, jnp.float32),
+                   bytes_down=jnp.asarray(down - teachers, jnp.float32) + t.on * teachers)
     if w_tc is not None:
       metrics.update(teacher_weights_tc=w_tc * t.on, teacher_weights_nc=w_nc * t.on)
   else:  # nothing will read them
@@ -604,7 +610,9 @@ def output_model(setup: Setup, state: State):
 
 
 def communication(setup: Setup, samples: int):
-  """FedSeq's traffic plus M teacher models down to every participant."""
+  """FedSeq's traffic plus M teacher models down to every participant (from
+  round 2 on: a round's metrics hold its own count, without them in round
+  1)."""
   b = parallel.model_bytes(setup)
   n, m = setup.clients_per_round, setup.options.num_teachers
   return n * b, n * (1 + m) * b
