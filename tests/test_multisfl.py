@@ -258,6 +258,28 @@ def test_step_shares_use_every_replay_sample_once():
   assert not smask[5:].any()
 
 
+@pytest.mark.parametrize("schedule", ["even", "authors"])
+def test_replay_shares_skip_the_batch_drop_last_leaves_out(schedule):
+  """With ``method.drop_last`` a main client of 18 samples at B = 4 has 4
+  batches, not 5: the replay list of 10 goes to those 4 (a share on the
+  dropped fifth would be counted but never trained), and a client smaller
+  than B, with no batch, gets none."""
+  idx, valid = jnp.arange(100, 113), jnp.arange(13) < 10
+
+  def shares(size, drop_last):
+    if schedule == "even":
+      return multisfl.step_shares(idx, valid, jnp.int32(size), 4, 7, 3, drop_last)[1]
+    return multisfl.authors_shares(jax.random.key(0), idx, valid, jnp.int32(size), 4,
+                                   epochs=1, steps=7, per_step=3, drop_last=drop_last)[1]
+
+  kept, dropped = np.asarray(shares(18, False)), np.asarray(shares(18, True))
+  assert kept.sum(1).tolist() == [2, 2, 2, 2, 2, 0, 0]
+  # even: floor(b Q / 4) -> 2, 3, 2, 3; authors: h = ceil(10 / 4) = 3 -> 3, 3, 3, 1
+  want = [2, 3, 2, 3] if schedule == "even" else [3, 3, 3, 1]
+  assert dropped.sum(1).tolist() == want + [0, 0, 0]
+  assert not np.asarray(shares(3, True)).any()
+
+
 # ---------------------------------------------- MultiSFL loop equivalence
 MS_SIZES = [13, 7, 20, 5, 9, 11, 6]
 MS_DATA = make_fed_data(MS_SIZES, seed=1)

@@ -146,14 +146,16 @@ def decide(setup: Setup, state: State, data, key) -> Decisions:
   if o.replay_schedule == "authors":
     # A key of its own, folded from k_slots: the other draws stay as they were.
     sidx, smask = jax.vmap(lambda k, i, v, s: authors_shares(
-        k, i, v, s, setup.batch_size, setup.local_epochs, t_ep, per_step))(
+        k, i, v, s, setup.batch_size, setup.local_epochs, t_ep, per_step,
+        setup.drop_last))(
             jax.random.split(jax.random.fold_in(k_slots, 1), n), slots, valid, sizes)
     served = jnp.sum(jax.nn.one_hot(data.y[slots], L, dtype=jnp.int32)
                      * valid[..., None], axis=1)              # the replay list
     ridx, rmask = sidx.transpose(1, 0, 2), smask.transpose(1, 0, 2)
   else:
     sidx, smask = jax.vmap(
-        lambda i, v, s: step_shares(i, v, s, setup.batch_size, t_ep, per_step))(
+        lambda i, v, s: step_shares(i, v, s, setup.batch_size, t_ep, per_step,
+                                    setup.drop_last))(
             slots, valid, sizes)                              # (n, t_ep, R)
     served = jnp.sum(jax.nn.one_hot(data.y[sidx], L, dtype=jnp.int32)
                      * smask[..., None], axis=(1, 2))

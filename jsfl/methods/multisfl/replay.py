@@ -182,25 +182,34 @@ def replay_slots(key, take, pool, start, holdings, cap: int):
   return idx[o], valid[o]
 
 
-def step_shares(idx, valid, size, batch_size: int, steps: int, per_step: int):
+def main_batches(size, batch_size: int, drop_last: bool):
+  """The main client's batches in an epoch: ``ceil(size / B)``, or with
+  ``drop_last`` (its partial batch left out) ``floor(size / B)``."""
+  return size // batch_size if drop_last else (size + batch_size - 1) // batch_size
+
+
+def step_shares(idx, valid, size, batch_size: int, steps: int, per_step: int,
+                drop_last: bool = False):
   """Spreads a replay list over the main client's batches of one epoch.
 
-  Batch b of ``nb = ceil(size / B)`` gets slots
-  ``[floor(b Q / nb), floor((b+1) Q / nb))`` of the ``Q`` valid ones.
+  Batch b of ``nb`` (:func:`main_batches`) gets slots
+  ``[floor(b Q / nb), floor((b+1) Q / nb))`` of the ``Q`` valid ones; a
+  client without a batch (``drop_last``, fewer than B samples) gets none.
 
   Returns:
     ``(idx, mask)`` of shape ``(steps, per_step)``.
   """
   q = jnp.sum(valid).astype(jnp.int32)
-  nb = jnp.maximum((size + batch_size - 1) // batch_size, 1)
+  nb = main_batches(size, batch_size, drop_last)
+  div = jnp.maximum(nb, 1)
   b = jnp.arange(steps)[:, None]
-  pos = (b * q) // nb + jnp.arange(per_step)[None, :]
-  mask = (pos < ((b + 1) * q) // nb) & (b < nb)
+  pos = (b * q) // div + jnp.arange(per_step)[None, :]
+  mask = (pos < ((b + 1) * q) // div) & (b < nb)
   return idx[jnp.minimum(pos, idx.shape[0] - 1)], mask
 
 
 def authors_shares(key, idx, valid, size, batch_size: int, epochs: int, steps: int,
-                   per_step: int):
+                   per_step: int, drop_last: bool = False):
   """The authors' helper batches of one branch, every step of the round.
 
   Their helper loader has batches of ``h = ceil(Q / nb)`` (``Q`` replay
@@ -210,11 +219,13 @@ def authors_shares(key, idx, valid, size, batch_size: int, epochs: int, steps: i
   come twice in an epoch or not at all.
 
   Returns:
-    ``(idx, mask)`` of shape ``(epochs * steps, per_step)``.
+    ``(idx, mask)`` of shape ``(epochs * steps, per_step)``; with
+  ``drop_last`` the main batches are :func:`main_batches`'s.
   """
   q = jnp.sum(valid).astype(jnp.int32)
-  nb = jnp.maximum((size + batch_size - 1) // batch_size, 1)
-  h = jnp.maximum((q + nb - 1) // nb, 1)
+  nb = main_batches(size, batch_size, drop_last)
+  div = jnp.maximum(nb, 1)
+  h = jnp.maximum((q + div - 1) // div, 1)
   j = jnp.arange(per_step)
 
   def one(k, t):
