@@ -58,6 +58,24 @@ def test_fedavg_drop_last_lr_decay_start_equals_loop():
   assert (np.asarray(plan.mask).sum(axis=2) % setup.batch_size == 0).all()
 
 
+@pytest.mark.parametrize("mod", [fedavg, sfl], ids=["fedavg", "sfl"])
+def test_a_round_of_empty_participants_keeps_the_model(mod):
+  """Participants that all hold no data (a partition with min_size = 0)
+  train nothing; the sample-weighted mean of their unchanged copies is the
+  model they started from, not the zero tree that zero weights would give."""
+  data = make_fed_data([0, 0, 9])
+  setup = make_setup(tiny_model(), data, clients_per_round=2, client_exec="unroll")
+  key = next(k for k in (jax.random.key(i) for i in range(50))
+             if np.asarray(plan_round(setup, data, k, jnp.int32(0)).clients).tolist() == [0, 1])
+  state = mod.init(setup, key)
+  new, m = jax.jit(lambda s, k: mod.round(setup, s, data, k))(state, key)
+  assert float(m["samples"]) == 0
+  chex.assert_trees_all_equal(new.params if mod is fedavg else new.part1 + new.part2,
+                              state.params if mod is fedavg else state.part1 + state.part2)
+  assert any(float(jnp.abs(a).max()) > 0 for a in jax.tree.leaves(
+      new.params if mod is fedavg else new.part1))
+
+
 @pytest.mark.parametrize("client_exec", ["vmap", "unroll"])
 def test_splitfedv1_equals_fedavg(client_exec):
   data = make_fed_data([13, 7, 20, 5])

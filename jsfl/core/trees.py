@@ -9,9 +9,13 @@ import jax.numpy as jnp
 
 # -------------------------------------------------------------- aggregation
 def weighted_mean(stacked, weights):
-  """Weighted mean over the leading (client) axis of a stacked pytree."""
+  """Weighted mean over the leading (client) axis of a stacked pytree; the
+  plain mean when every weight is 0 (a round whose participants all hold no
+  data: their copies are the unchanged start, which the mean keeps, where
+  zero weights would zero the model)."""
   w = weights.astype(jnp.float32)
-  w = w / jnp.maximum(jnp.sum(w), 1e-12)
+  total = jnp.sum(w)
+  w = jnp.where(total > 0, w / jnp.where(total > 0, total, 1.0), 1.0 / w.shape[0])
   return jax.tree.map(lambda a: jnp.tensordot(w, a, axes=1).astype(a.dtype),
                       stacked)
 
