@@ -579,6 +579,22 @@ def test_sfedkd_round_bytes_send_teachers_from_round_2():
   assert [float(m["bytes_up"]) for m in metrics] == [n * b] * 3
 
 
+def test_fisher_tensors_are_billed_at_the_parameters_size():
+  """CWC's importance matrix and FedCurv's F, F w, U and V hold one value per
+  parameter: a BatchNorm model's running statistics travel with the model
+  only."""
+  from jsfl.models import get_model
+  data = make_fed_data(DATA_SIZES)
+  setup = make_setup(get_model("small_cnn", (28, 28, 1), 4, norm="batch", width=4), data,
+                     clients_per_round=3)
+  params, stats = jax.eval_shape(setup.model.init, jax.random.key(0))
+  p = sum(a.size * 4 for a in jax.tree.leaves(params))
+  m = p + sum(a.size * 4 for a in jax.tree.leaves(stats))
+  assert m > p == parallel.params_bytes(setup) and m == parallel.model_bytes(setup)
+  assert cwc.communication(setup, 0) == (3 * (m + p), 3 * (m + p))
+  assert fedcurv.communication(setup, 0) == (3 * (m + 2 * p + 4), 3 * (m + 2 * p + 4))
+
+
 @pytest.mark.parametrize("rule", ["aver", "ebkd", "camkd"])
 def test_sfedkd_kd_baselines_equal_loop(rule):
   """FedSeq + AVER / EBKD / CA-MKD (``kd_loss``) against the loop with the

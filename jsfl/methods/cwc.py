@@ -116,8 +116,9 @@ def output_model(setup: Setup, state: State):
 
 
 def communication(setup: Setup, samples: int):
-  """Model and importance matrix down and up per participant."""
-  b = 2 * setup.clients_per_round * parallel.model_bytes(setup)
+  """Model and importance matrix (one value per parameter) down and up per
+  participant."""
+  b = setup.clients_per_round * (parallel.model_bytes(setup) + parallel.params_bytes(setup))
   return b, b
 
 

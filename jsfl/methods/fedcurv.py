@@ -111,8 +111,10 @@ def output_model(setup: Setup, state: State):
 
 
 def communication(setup: Setup, samples: int):
-  """Per participant: model + U + V down, model + F + F*w up (3 models each)."""
-  b = 3 * setup.clients_per_round * parallel.model_bytes(setup)
+  """Per participant: model + U + V (+ the scalar sum of F w^2) down, model
+  + F + F*w (+ its F w^2) up; U, V, F, F*w one value per parameter."""
+  b = setup.clients_per_round * (parallel.model_bytes(setup)
+                                 + 2 * parallel.params_bytes(setup) + 4)
   return b, b
 
 
