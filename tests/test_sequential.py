@@ -506,15 +506,21 @@ def test_watched_sequential_round_equals_loop(mod, steps):
 KD = {"m": 2, "alpha": 1.0, "beta": 8.0, "t": 4.0}
 
 
-def test_sfedkd_equals_loop():
-  data = make_fed_data(DATA_SIZES)
-  setup = seq_setup(data, options=SFedKDOptions(num_teachers=KD["m"]))
-  key = jax.random.key(8)
+def sfedkd_against_loop(data, setup, key):
+  """Three SFedKD rounds and the loop's: the same models and losses; the
+  rounds' metrics and the loop's logged decisions for more checks."""
   state, losses, metrics = run_logged(sfedkd, setup, data, key, 3)
   (p, s, _), ref_losses, logs = ref_sequential(sfedkd, setup, data, key, 3, kd=KD)
   chex.assert_trees_all_close(state.params, p, **TOL)
   chex.assert_trees_all_close(state.stats, s, **TOL)
   np.testing.assert_allclose(losses, ref_losses, **TOL)
+  return metrics, logs
+
+
+def test_sfedkd_equals_loop():
+  data = make_fed_data(DATA_SIZES)
+  setup = seq_setup(data, options=SFedKDOptions(num_teachers=KD["m"]))
+  metrics, logs = sfedkd_against_loop(data, setup, jax.random.key(8))
   # Logged decisions: no teachers in round 1, then the greedy teachers and
   # every student's weights.
   assert metrics[0]["teachers"].tolist() == [-1] * KD["m"]
@@ -532,12 +538,7 @@ def test_sfedkd_equals_loop_when_epochs_drop_different_remainders():
   another's), as in the loop, which runs the teachers on every batch."""
   data = make_fed_data(DATA_SIZES)  # none a multiple of the batch of 4
   setup = seq_setup(data, drop_last=True, options=SFedKDOptions(num_teachers=KD["m"]))
-  key = jax.random.key(8)
-  state, losses, _ = run_logged(sfedkd, setup, data, key, 3)
-  (p, s, _), ref_losses, _ = ref_sequential(sfedkd, setup, data, key, 3, kd=KD)
-  chex.assert_trees_all_close(state.params, p, **TOL)
-  chex.assert_trees_all_close(state.stats, s, **TOL)
-  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  sfedkd_against_loop(data, setup, jax.random.key(8))
 
 
 @pytest.mark.parametrize("mod", [fedseq, sfedkd], ids=["fedseq", "sfedkd"])
