@@ -23,9 +23,10 @@ naming the file.
   default: the SFedKD paper does not state its resolution; SplitFed's
   HAM10000 code, the split-learning reference on this dataset, resizes to
   64x64 the same way).  The 7 classes are the ``dx`` codes in alphabetical
-  order.  The release has no test split: ``test_fraction`` of the images,
-  whole lesions (``lesion_id``) at a time so that no lesion is on both sides,
-  are drawn with a fixed seed as the test set.
+  order.  The 10,015 images carry no test split (ISIC 2018's test images
+  are another download): ``test_fraction`` of the images, whole lesions
+  (``lesion_id``) at a time so that no lesion is on both sides, are drawn
+  with a fixed seed as the test set.
 """
 
 from __future__ import annotations
