@@ -61,7 +61,7 @@ def main(methods, num_rounds=1):
     a, ma, _, _ = rounds(method, "seeds=1,clients=1", num_rounds)
     b, mb, shape, specs = rounds(method, "auto", num_rounds)
     diff = max(float(np.max(np.abs(x - y))) if x.size else 0.0
-               for x, y in zip(numeric((a, ma)), numeric((b, mb))))
+               for x, y in zip(numeric((a, ma)), numeric((b, mb)), strict=True))
     print(json.dumps({"method": method, "mesh": shape, "state_specs": specs,
                       "max_diff": diff, "devices": jax.device_count()}), flush=True)
 

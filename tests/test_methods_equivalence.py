@@ -55,6 +55,14 @@ def test_fedavg_drop_last_lr_decay_start_equals_loop():
   np.testing.assert_allclose(losses, ref_losses, **TOL)
   plan = plan_round(setup, data, jax.random.key(0), jnp.int32(1))
   assert float(plan.lr) == pytest.approx(setup.lr)
+  # the rate every loop here takes from the plan: lr 0.1 x 0.9 a round from
+  # the start round on, floored at 0.05 (rounds 0-based)
+  def rates(s):
+    return [float(plan_round(s, data, jax.random.key(0), jnp.int32(r)).lr)
+            for r in (0, 1, 2, 6, 8)]
+  assert rates(setup) == pytest.approx([0.1, 0.1, 0.09, 0.1 * 0.9 ** 5, 0.05])
+  assert rates(setup.replace(lr_decay_start=1)) == pytest.approx(
+      [0.1, 0.09, 0.081, 0.1 * 0.9 ** 6, 0.05])
   assert (np.asarray(plan.mask).sum(axis=2) % setup.batch_size == 0).all()
 
 

@@ -668,11 +668,14 @@ def test_sfl_form_equals_loop(name):
   key = jax.random.key(9)
   rnd = jax.jit(lambda s, k: mod.round(setup, s, SF_DATA, k))
   state, losses, ms = mod.init(setup, key), [], []
-  for r in range(2):
+  # FedMut's beta_t anneals from the third round on (t = the round that
+  # produced the update direction; bound = 1)
+  rounds = 3 if mod is sfl_fedmut else 2
+  for r in range(rounds):
     state, m = rnd(state, jax.random.fold_in(key, r))
     losses.append(float(m["loss"]))
     ms.append(jax.device_get(m))
-  (p1, s1, p2, s2), ref_losses = ref_sfl_form(mod, setup, SF_DATA, key, 2)
+  (p1, s1, p2, s2), ref_losses = ref_sfl_form(mod, setup, SF_DATA, key, rounds)
   chex.assert_trees_all_close(state.part1, p1, **TOL)
   chex.assert_trees_all_close(state.part1_stats, s1, **TOL)
   chex.assert_trees_all_close(state.part2, p2, **TOL)
@@ -685,6 +688,7 @@ def test_sfl_form_equals_loop(name):
     assert max(m["eta_g"] for m in ms) > 1
   if mod is sfl_fedmut:
     assert ms[0]["mutation_norm"] == 0 and ms[1]["mutation_norm"] > 0
+    assert [float(m["mutation_beta"]) for m in ms] == pytest.approx([0.3, 0.3, 0.0])
 
 
 def test_fedexp_step_hand_case():

@@ -691,15 +691,22 @@ def test_kd_baseline_loss_hand_computed():
 
 
 def test_cwc_equals_loop():
+  """CWC's penalty and importance bookkeeping against the loop, with a
+  penalty strong enough to move the models away from FedSeq's."""
   data = make_fed_data(DATA_SIZES)
-  opts = {"lam": 1e-3, "sigma": 0.5}  # lr * lam * max(C) < 1: stable
+  opts = {"lam": 1.0, "sigma": 0.5}  # lr * lam * max(C) ~ 0.05 < 1: stable
   setup = seq_setup(data, options=CWCOptions(**opts))
   key = jax.random.key(10)
-  state, losses, _ = run_logged(cwc, setup, data, key, 2)
+  state, losses, metrics = run_logged(cwc, setup, data, key, 2)
   (p, _, imp), ref_losses, _ = ref_sequential(cwc, setup, data, key, 2, cwc_opts=opts)
   chex.assert_trees_all_close(state.importance, imp, rtol=1e-4, atol=1e-7)
   chex.assert_trees_all_close(state.params, p, **TOL)
   np.testing.assert_allclose(losses, ref_losses, **TOL)
+  # the penalty acts: round 2 pays it and ends elsewhere than FedSeq
+  assert metrics[1]["reg_loss"] > 0
+  plain, _, _ = run_logged(fedseq, seq_setup(data), data, key, 2)
+  assert max(float(jnp.abs(a - b).max()) for a, b in zip(
+      jax.tree.leaves(plain.params), jax.tree.leaves(state.params), strict=True)) > 1e-3
 
 
 # ------------------------------------------------------ parallel baselines
