@@ -153,10 +153,12 @@ def label_rank_of(state):
 LABEL_BYTES = 4  # labels travel as int32
 
 
-def portion_bytes(model: StagedModel, start: int, stop: int) -> int:
-  """Bytes of stages ``[start, stop)``: parameters plus BatchNorm statistics."""
-  params, stats = jax.eval_shape(model.init, jax.random.key(0))
-  leaves = jax.tree.leaves((params[start:stop], stats[start:stop]))
+def portion_bytes(model: StagedModel, start: int, stop: int, stats: bool = True) -> int:
+  """Bytes of stages ``[start, stop)``: parameters plus BatchNorm statistics
+  (``stats=False``: the parameters alone, the size of a per-parameter tensor
+  such as a Fisher diagonal)."""
+  params, bn = jax.eval_shape(model.init, jax.random.key(0))
+  leaves = jax.tree.leaves((params[start:stop], bn[start:stop] if stats else ()))
   return int(sum(a.size * a.dtype.itemsize for a in leaves))
 
 

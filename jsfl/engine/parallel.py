@@ -375,8 +375,7 @@ def model_bytes(setup: Setup) -> int:
 def params_bytes(setup: Setup) -> int:
   """The model's parameters alone, in bytes: the size of a per-parameter
   tensor such as a Fisher diagonal (no BatchNorm statistics)."""
-  params, _ = jax.eval_shape(setup.model.init, jax.random.key(0))
-  return int(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params)))
+  return portion_bytes(setup.model, 0, setup.model.num_stages, stats=False)
 
 
 def output_model(setup: Setup, state: State):

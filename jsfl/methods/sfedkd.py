@@ -573,11 +573,8 @@ def finish(setup: Setup, state: State, out: sequential.SequenceRound):
     metrics.update(teachers=jnp.where(t.on > 0, state.prev_clients[t.pos], -1),
                    teacher_pos=t.pos)
     # the round's own traffic: round 1 sends no teachers
-    up, down = communication(setup, 0)
-    model = parallel.model_bytes(setup)
-    teachers = setup.clients_per_round * setup.options.num_teachers * model
-    metrics.update(bytes_up=jnp.asarray(up, jnp.float32),
-                   bytes_down=jnp.asarray(down - teachers, jnp.float32) + t.on * teachers)
+    up, down = round_bytes(setup, t.on)
+    metrics.update(bytes_up=jnp.asarray(up, jnp.float32), bytes_down=down)
     if w_tc is not None:
       metrics.update(teacher_weights_tc=w_tc * t.on, teacher_weights_nc=w_nc * t.on)
   else:  # nothing will read them
@@ -609,13 +606,18 @@ def output_model(setup: Setup, state: State):
   return state.params, state.stats
 
 
-def communication(setup: Setup, samples: int):
-  """FedSeq's traffic plus M teacher models down to every participant (from
-  round 2 on: a round's metrics hold its own count, without them in round
-  1)."""
+def round_bytes(setup: Setup, teachers_on=1):
+  """FedSeq's traffic plus, with teachers (``teachers_on``, 0 in round 1),
+  M teacher models down to every participant: ``(up, down)``."""
   b = parallel.model_bytes(setup)
   n, m = setup.clients_per_round, setup.options.num_teachers
-  return n * b, n * (1 + m) * b
+  return n * b, n * (1 + teachers_on * m) * b
+
+
+def communication(setup: Setup, samples: int):
+  """A round's traffic once there are teachers (round 2 on; a round's
+  metrics hold its own count, without them in round 1)."""
+  return round_bytes(setup)
 
 
 METHOD = Method(build, output_model, communication, validate=validate,
