@@ -172,6 +172,18 @@ def activation_size(model: StagedModel, cut: int) -> int:
   return int(out.size)
 
 
+def whole_model(setup: Setup, state):
+  """The output of a method whose state holds one model (``params``,
+  ``stats``): that model."""
+  return state.params, state.stats
+
+
+def staged_model(setup: Setup, state):
+  """The output of a split method whose state holds one part-1 and one
+  part-2: the two joined into the whole model."""
+  return state.part1 + state.part2, state.part1_stats + state.part2_stats
+
+
 def split_communication(setup: Setup, samples: int):
   """Per round: part-1 down and up per participant, plus per processed sample
   the cut-layer activation and label up and the activation gradient down."""

@@ -51,7 +51,7 @@ from jax import lax
 from jsfl.core.clients import map_clients
 from jsfl.core.data import gather
 from jsfl.core.loss import masked_cross_entropy
-from jsfl.core.method import portion_bytes
+from jsfl.core.method import portion_bytes, whole_model
 from jsfl.core.optim import with_lr
 from jsfl.core.plan import RoundPlan, fresh_opt_states, plan_round, round_metrics
 from jsfl.core.portion import Portion
@@ -378,9 +378,7 @@ def params_bytes(setup: Setup) -> int:
   return portion_bytes(setup.model, 0, setup.model.num_stages, stats=False)
 
 
-def output_model(setup: Setup, state: State):
-  """The global model."""
-  return state.params, state.stats
+output_model = whole_model
 
 
 def communication(setup: Setup, samples: int):

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jsfl.core.method import staged_model
 from jsfl.core.portion import kept
 from jsfl.core.setup import Setup
 from jsfl.engine import split
@@ -89,5 +90,4 @@ def finish(state, out: split.SplitRound, **extra_state):
   return new, split.metrics(out)
 
 
-def output_model(setup: Setup, state: State):
-  return state.part1 + state.part2, state.part1_stats + state.part2_stats
+output_model = staged_model

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.core.method import Method, label_rank_of
+from jsfl.core.method import Method, label_rank_of, whole_model
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel, sequential
 from jsfl.engine.fisher import FISHER_MODES, diag_fisher, tree_dot
@@ -111,8 +111,7 @@ def round(setup: Setup, state: State, data, key):
   return build(setup).round(state, data, key)
 
 
-def output_model(setup: Setup, state: State):
-  return state.params, state.stats
+output_model = whole_model
 
 
 def communication(setup: Setup, samples: int):

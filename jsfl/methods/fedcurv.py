@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jsfl.core.clients import map_clients
-from jsfl.core.method import Method
+from jsfl.core.method import Method, whole_model
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast
 from jsfl.engine import parallel
@@ -106,8 +106,7 @@ def round(setup: Setup, state: State, data, key):
   return build(setup).round(state, data, key)
 
 
-def output_model(setup: Setup, state: State):
-  return state.params, state.stats
+output_model = whole_model
 
 
 def communication(setup: Setup, samples: int):

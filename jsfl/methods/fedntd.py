@@ -17,7 +17,7 @@ Departure from docs/methods-sequential.md: the ``tau^2`` factor of the authors' 
 
 from __future__ import annotations
 
-from jsfl.core.method import Method
+from jsfl.core.method import Method, whole_model
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel
 from jsfl.engine.ntd import FedNTDOptions, ntd_loss
@@ -51,8 +51,7 @@ def round(setup: Setup, state: State, data, key):
   return build(setup).round(state, data, key)
 
 
-def output_model(setup: Setup, state: State):
-  return state.params, state.stats
+output_model = whole_model
 
 
 communication = parallel.communication

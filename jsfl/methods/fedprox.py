@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jsfl.core.method import Method
+from jsfl.core.method import Method, whole_model
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel
 from jsfl.options import option, option_set
@@ -55,8 +55,7 @@ def round(setup: Setup, state: State, data, key):
   return build(setup).round(state, data, key)
 
 
-def output_model(setup: Setup, state: State):
-  return state.params, state.stats
+output_model = whole_model
 
 
 communication = parallel.communication

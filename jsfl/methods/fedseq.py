@@ -27,7 +27,7 @@ the mean cross-entropy over all samples the sequence processed.
 
 from __future__ import annotations
 
-from jsfl.core.method import Method, label_rank_of
+from jsfl.core.method import Method, label_rank_of, whole_model
 from jsfl.core.setup import Setup
 from jsfl.engine import sequential
 
@@ -51,8 +51,7 @@ def round(setup: Setup, state: State, data, key):
   return build(setup).round(state, data, key)
 
 
-def output_model(setup: Setup, state: State):
-  return state.params, state.stats
+output_model = whole_model
 
 
 METHOD = Method(build, output_model, communication, label_rank=label_rank_of)

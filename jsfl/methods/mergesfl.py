@@ -36,7 +36,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.method import Method, label_rank_of, split_communication, staged_model
 from jsfl.core.portion import Portion
 from jsfl.core.setup import Setup
 from jsfl.engine import sfl_family, split
@@ -136,8 +136,7 @@ def round(setup: Setup, state: State, data, key):
   return build(setup).round(state, data, key)
 
 
-def output_model(setup: Setup, state: State):
-  return state.part1 + state.part2, state.part1_stats + state.part2_stats
+output_model = staged_model
 
 
 communication = split_communication

@@ -109,7 +109,7 @@ from jax import lax
 
 from jsfl.core.clients import map_clients
 from jsfl.core.data import gather
-from jsfl.core.method import Method, label_rank_of
+from jsfl.core.method import Method, label_rank_of, whole_model
 from jsfl.core.plan import RoundPlan
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast
@@ -602,8 +602,7 @@ def round(setup: Setup, state: State, data, key):
   return build(setup).round(state, data, key)
 
 
-def output_model(setup: Setup, state: State):
-  return state.params, state.stats
+output_model = whole_model
 
 
 def round_bytes(setup: Setup, teachers_on=1):

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.method import Method, label_rank_of, split_communication, staged_model
 from jsfl.core.plan import RoundPlan, plan_round
 from jsfl.core.portion import fresh_stack
 from jsfl.core.setup import Setup
@@ -156,8 +156,7 @@ def round(setup: Setup, state: State, data, key):
   return build(setup).round(state, data, key)
 
 
-def output_model(setup: Setup, state: State):
-  return state.part1 + state.part2, state.part1_stats + state.part2_stats
+output_model = staged_model
 
 
 communication = split_communication

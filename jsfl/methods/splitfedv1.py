@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jsfl.core.method import Method, split_communication
+from jsfl.core.method import Method, split_communication, staged_model
 from jsfl.core.setup import Setup
 from jsfl.engine import split
 
@@ -57,8 +57,7 @@ def round(setup: Setup, state: State, data, key):
   return build(setup).round(state, data, key)
 
 
-def output_model(setup: Setup, state: State):
-  return state.part1 + state.part2, state.part1_stats + state.part2_stats
+output_model = staged_model
 
 
 communication = split_communication
