@@ -110,8 +110,20 @@ Options named dataset.KEY go to the dataset (dataset.path, dataset.label_mode,
 """
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse with the CLI's one-line errors: the message and where the
+  allowed forms are (``--help``), instead of a usage block first."""
+
+  def error(self, message: str):
+    raise UserError(f"{message}; see {self.prog} --help")
+
+
+COMMANDS = ("run", "partition", "report", "plot", "landscape", "sweep", "info",
+            "config-reference")
+
+
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
+  p = _Parser(
       prog="jsfl", description="Split and sequential federated learning in JAX.")
   p.add_argument("--version", action="version", version=f"jsfl {__version__}")
   sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -505,7 +517,8 @@ def _dispatch(argv=None) -> int:
   args, extra = parser.parse_known_args(argv)
   bad = [e for e in extra if "=" not in e or e.startswith("-")]
   if bad or (extra and args.command not in ("run", "partition", "info")):
-    parser.error(f"unrecognized arguments: {' '.join(bad or extra)}")
+    where = f"jsfl {args.command}" if args.command else "jsfl"
+    _Parser(prog=where).error(f"unrecognized arguments: {' '.join(bad or extra)}")
   if args.command == "run":
     args.overrides = list(args.overrides) + extra
   elif args.command == "partition":
@@ -530,8 +543,7 @@ def _dispatch(argv=None) -> int:
     from jsfl.config import markdown_reference
     print(markdown_reference())
     return 0
-  parser.print_help()
-  return 2
+  return _fail(f"no command; allowed: {', '.join(COMMANDS)} (jsfl --help)")
 
 
 if __name__ == "__main__":

@@ -227,6 +227,13 @@ CASES = [
     ("sweep_shard_bad", ["sweep", "{sweep.toml}", "--shard", "3/2"], "3/2"),
     ("sweep_cell_bad", ["sweep", "{sweep_badcell.toml}"], "optim.lr=-1.0"),
     ("sweep_cell_nan", ["sweep", "{sweep_nancell.toml}", "--dry-run"], "optim.momentum=nan"),
+    # 7. the command line itself (argparse's errors, in the same one line)
+    ("flag_bad_int", ["report", "{adir}", "--last", "abc"], "--last: invalid int value: 'abc'"),
+    ("flag_unknown", ["run", *SYN, "--bogus"], "--bogus; see jsfl run --help"),
+    ("flag_missing_value", ["landscape", "{adir}", "--grid"], "--grid"),
+    ("command_unknown", ["bogus"], "'bogus'"),
+    ("command_missing", [], "no command; allowed: run,"),
+    ("argument_extra", ["config-reference", "extra"], "extra"),
 ]
 
 

@@ -228,6 +228,38 @@ def test_the_cache_is_bounded_and_locked_unless_filelock_is_missing(tmp_path, mo
       jax.config.update(k, v)
 
 
+def test_a_rejected_run_makes_no_cache_directory_and_a_bad_one_is_one_warning(
+    tmp_path, capsys):
+  """JAX makes the cache directory at its first compilation: a run rejected
+  before that leaves none, and a path that cannot be a directory is a
+  warning once, the run going on without the cache."""
+  import jax
+
+  from jsfl.train import compile_cache
+  keys = ("jax_compilation_cache_dir", "jax_compilation_cache_max_size",
+          "jax_persistent_cache_min_compile_time_secs")
+  before = {k: getattr(jax.config, k) for k in keys}
+  try:
+    cache = tmp_path / "cc" / "xla"
+    assert cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}",
+                     f"exec.compile_cache={cache}", "model.cut=99"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert os.listdir(tmp_path) == []
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert compile_cache.unusable(str(afile)) == "it is not a directory"
+    assert "not a directory" in compile_cache.unusable(str(afile / "sub"))
+    assert compile_cache.unusable(str(tmp_path / "new" / "deeper")) is None
+    for _ in range(2):
+      assert compile_cache.enable(str(afile)) is None
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "afile" in err[0] and "not a directory" in err[0], err
+    assert os.listdir(tmp_path) == ["afile"]
+  finally:
+    for k, v in before.items():
+      jax.config.update(k, v)
+
+
 def test_the_compile_cache_is_filled_once_and_hit_after(tmp_path):
   """Two starts of one config in fresh processes: the first fills the cache,
   the second (and a resume) compile nothing new; ``off`` writes none."""

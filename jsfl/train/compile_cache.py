@@ -20,6 +20,7 @@ another is still writing.
 from __future__ import annotations
 
 import os
+import sys
 
 import jax
 
@@ -53,21 +54,50 @@ def cache_dir(setting: str = "auto") -> str | None:
   return os.path.abspath(os.path.expanduser(setting))
 
 
+_WARNED: set[str] = set()  # a sweep prepares a program per cell: one warning
+
+
+def unusable(path: str) -> str | None:
+  """Why ``path`` cannot hold the cache (None: it can), without creating
+  anything: JAX makes the directory at its first compilation, so a run
+  rejected before it compiles leaves no directory behind."""
+  if os.path.lexists(path):
+    if not os.path.isdir(path):
+      return "it is not a directory"
+    return None if os.access(path, os.W_OK | os.X_OK) else "it is not writable"
+  parent = os.path.dirname(path)
+  while parent and not os.path.lexists(parent):
+    if os.path.dirname(parent) == parent:
+      break
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return f"{parent!r} is not a directory"
+  if not os.access(parent, os.W_OK | os.X_OK):
+    return f"{parent!r} is not writable"
+  return None
+
+
 def enable(setting: str = "auto") -> str | None:
   """Points JAX's persistent cache at ``cache_dir(setting)`` (None: off).
 
   JAX decides once per process, at its first compilation, whether the cache
   is used; a process that already compiled with another setting keeps it.
-  An unwritable directory costs JAX a warning, never the run.
+  A directory that cannot be made or written costs a one-line warning on
+  stderr and runs without the cache, never the run.
   """
   path = cache_dir(setting)
   current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
   if path == current or (path is None and not current):
     return path
   if path is not None:
-    try:
-      os.makedirs(path, exist_ok=True)
-    except OSError:
+    why = unusable(path)
+    if why is not None:
+      if path in _WARNED:
+        return None
+      _WARNED.add(path)
+      print(f"jsfl: warning: compile cache {path!r} unusable ({why}); compiling "
+            "without it (exec.compile_cache: a writable directory, auto or off)",
+            file=sys.stderr, flush=True)
       return None
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
