@@ -89,6 +89,10 @@ def check_target(out_dir: str, name: str, exact: str = "") -> None:
                         "new or empty directory")
     check_parent(exact, "run.dir")
     return
+  if any(sep in name for sep in (os.sep, os.altsep) if sep) or name in (".", ".."):
+    raise RunDirError(f"run.name={name!r} is not a directory name; allowed: a name "
+                      "without '/' (the run directory is run.out_dir/NAME-TIMESTAMP; "
+                      "run.out_dir names the parent)")
   if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
     raise RunDirError(f"run.out_dir={out_dir!r} exists and is not a directory; allowed: "
                       "a directory (created if missing)")
@@ -145,6 +149,7 @@ def new_run_dir(out_dir: str, name: str, exact: str = "",
       is not a directory, or it cannot be created.
   """
   created = [] if created is None else created
+  ours = len(created)
   check_target(out_dir, name, exact)
   try:
     if exact:
@@ -163,6 +168,12 @@ def new_run_dir(out_dir: str, name: str, exact: str = "",
     created.append(os.path.abspath(path))
     return path
   except OSError as e:
+    for d in reversed(created[ours:]):  # innermost first; only what this call made
+      try:
+        os.rmdir(d)
+      except OSError:
+        pass
+    del created[ours:]
     raise RunDirError(os_error_line(e, "cannot create the run directory")) from None
 
 

@@ -309,6 +309,25 @@ def test_a_failed_start_leaves_no_directory(tmp_path, monkeypatch, capsys):
   assert os.listdir(tmp_path) == []
 
 
+def test_a_run_directory_that_cannot_be_made_leaves_no_parents(tmp_path, monkeypatch,
+                                                              capsys):
+  """The parents are made, then the run directory itself fails (a full disk,
+  a quota): the parents this start made go too, not those that were there."""
+  real = os.mkdir
+
+  def mkdir(path, *a, **k):
+    if os.path.basename(path).startswith("t-"):
+      raise OSError(errno.EDQUOT, "Disk quota exceeded", path)
+    return real(path, *a, **k)
+  monkeypatch.setattr(rundir.os, "mkdir", mkdir)
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "kept").mkdir()
+  assert cli.main(["run", *SYN, "run.rounds=1", "run.name=t",
+                   "run.out_dir=kept/a/b"]) == 2
+  assert "Disk quota exceeded" in _one_error_line(capsys)
+  assert os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []
+
+
 def test_the_lock_is_gone_after_a_run_and_free_after_a_kill(tmp_path):
   out = tmp_path / "r"
   proc = subprocess.Popen([sys.executable, "-m", "jsfl.cli", "run", *SYN, "run.rounds=200",

@@ -131,6 +131,8 @@ CASES = [
     ("run_dir_under_file", ["run", *SYN, "run.dir={afile}/sub"], "afile"),
     ("out_dir_is_file", ["run", *SYN, "run.out_dir={afile}"], "run.out_dir="),
     ("out_dir_under_file", ["run", *SYN, "run.out_dir={afile}/runs"], "afile"),
+    ("run_name_with_slash", ["run", *SYN, "run.out_dir=new", "run.name=a/b"], "run.name='a/b'"),
+    ("run_name_dotdot", ["run", *SYN, "run.out_dir=new/deep", "run.name=.."], "run.name='..'"),
     ("run_dir_locked", ["run", *SYN, "run.dir={locked}"], "in use by process"),
     # 3. data problems
     ("data_dir_missing", ["run", "dataset.data_dir=/no/such/dir", "run.rounds=1"],
