@@ -42,15 +42,36 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   env = os.environ.get
   coordinator = coordinator or env("JSFL_COORDINATOR") or None
   if num_processes is None and (n := env("JSFL_NUM_PROCESSES")):
-    num_processes = int(n)
+    num_processes = _env_int("JSFL_NUM_PROCESSES", n)
   if process_id is None and (p := env("JSFL_PROCESS_ID")):
-    process_id = int(p)
+    process_id = _env_int("JSFL_PROCESS_ID", p)
+  if coordinator is not None:
+    host, sep, port = coordinator.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+      raise ValueError(f"--coordinator={coordinator!r} (or $JSFL_COORDINATOR); allowed: "
+                       "HOST:PORT with a port in [1, 65535], e.g. node0:1234")
+  if num_processes is not None and num_processes < 1:
+    raise ValueError(f"--num-processes={num_processes}; allowed: an int >= 1")
   if num_processes is not None and process_id is not None and not (
       0 <= process_id < num_processes):
     raise ValueError(f"--process-id={process_id}; allowed: 0 <= id < "
                      f"--num-processes={num_processes}")
-  jax.distributed.initialize(coordinator_address=coordinator,
-                             num_processes=num_processes, process_id=process_id)
+  try:
+    jax.distributed.initialize(coordinator_address=coordinator,
+                               num_processes=num_processes, process_id=process_id)
+  except ValueError as e:  # JAX found no cluster to take the missing ones from
+    why = str(e).rstrip(".")
+    raise ValueError(f"jax.distributed.initialize: {why}; allowed: --coordinator HOST:PORT, "
+                     "--num-processes N and --process-id I (or their $JSFL_* variables), "
+                     "or a cluster JAX detects (Slurm, Open MPI, Kubernetes, Cloud TPU)"
+                     ) from None
+
+
+def _env_int(name: str, value: str) -> int:
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"${name}={value!r}; allowed: an int") from None
 
 
 def is_writer() -> bool:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from conftest import xla_flags
 
 from jsfl.rundir import read_metrics
@@ -63,3 +64,36 @@ def test_two_processes_agree_and_only_process_0_writes(tmp_path):
   for ra, rb in zip(a, b):
     np.testing.assert_allclose(ra["accuracy"], rb["accuracy"], atol=1e-3)
     np.testing.assert_allclose(ra["train_loss"], rb["train_loss"], rtol=1e-4)
+
+
+@pytest.mark.parametrize("flags, env, needle", [
+    (["--coordinator", "nohostport", "--num-processes", "2", "--process-id", "0"], {},
+     "--coordinator='nohostport'"),
+    (["--coordinator", "h:99999", "--num-processes", "2", "--process-id", "0"], {},
+     "--coordinator='h:99999'"),
+    (["--num-processes", "0"], {}, "--num-processes=0"),
+    (["--num-processes", "2", "--process-id", "2"], {}, "--process-id=2"),
+    ([], {"JSFL_NUM_PROCESSES": "abc"}, "$JSFL_NUM_PROCESSES='abc'"),
+    ([], {"JSFL_PROCESS_ID": "1.5"}, "$JSFL_PROCESS_ID='1.5'"),
+])
+def test_bad_distributed_arguments_are_one_line_before_jax_starts(flags, env, needle, tmp_path,
+                                                                  monkeypatch, capsys):
+  from jsfl import cli
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["run", "--distributed", *flags, *SYN]) == 2
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 1 and err[0].startswith("jsfl: error: ") and needle in err[0], err
+  assert "allowed:" in err[0] and os.listdir(tmp_path) == []
+
+
+def test_no_cluster_to_join_is_one_line_naming_the_flags(tmp_path):
+  env = {k: v for k, v in _env(1).items() if not k.startswith(("JSFL_", "SLURM_", "OMPI_"))}
+  proc = subprocess.run([sys.executable, "-m", "jsfl", "run", "--distributed", "--num-processes",
+                         "2", "--process-id", "0", *SYN], env=env, cwd=tmp_path,
+                        capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 2, proc.stderr
+  line, = proc.stderr.splitlines()
+  assert line.startswith("jsfl: error: jax.distributed.initialize: ") and "--coordinator" in line
+  assert os.listdir(tmp_path) == []
