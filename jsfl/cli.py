@@ -192,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
   a.add_argument("--seed", type=int, default=None,
                  help="which of the run's seeds (default: its first); also draws the directions")
   a.add_argument("--grid", type=int, default=21, metavar="N",
-                 help="points per axis, >= 3 (default 21; odd puts the model on the grid)")
+                 help="points per axis, 3 to 501 (default 21; odd puts the model on the grid)")
   a.add_argument("--span", type=float, default=1.0, metavar="A",
                  help="the grid covers [-A, A] on either direction (default 1)")
   a.add_argument("--data", default="train", metavar="SPLIT",

@@ -147,7 +147,8 @@ def _config_only(tmp_path, cfg):
     ("no_checkpoint", "has no checkpoint"),
     ("predict", "method 'splitfedv3' outputs no single model"),
     ("seed", "--seed=7: not a seed of"),
-    ("grid", "--grid=2; allowed: an int >= 3"),
+    ("grid", "--grid=2; allowed: an int in [3, 501]"),
+    ("grid_huge", "--grid=100000; allowed: an int in [3, 501]"),
     ("span", "--span=0.0; allowed: a number > 0"),
     ("samples", "--samples=-1; allowed"),
     ("data", "--data='val'; allowed: train, test"),
@@ -166,6 +167,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(run, tmp_path, capsys,
     target = _config_only(tmp_path, config_lib.resolve({"method": {"name": "splitfedv3"}}))
   else:
     flag, value = {"seed": ("--seed", "7"), "grid": ("--grid", "2"), "span": ("--span", "0"),
+                   "grid_huge": ("--grid", "100000"),
                    "samples": ("--samples", "-1"), "data": ("--data", "val")}[case]
     args = [flag, value]
   before = tree_listing(run), tree_listing(str(tmp_path))

@@ -81,6 +81,11 @@ def default_points_per_step(backend: str | None = None) -> int:
   return 1 if backend == "cpu" else 8
 
 
+# Every point is an evaluation of the model: 501^2 is some 250k of them, far
+# past any figure's resolution (KoReA's Fig. 4 reads at a few dozen a side).
+MAX_GRID = 501
+
+
 def path_for(run_dir: str, seed: int, ext: str = "json") -> str:
   """``RUN_DIR/landscape/landscape-seed<S>.<ext>``."""
   return os.path.join(run_dir, SUBDIR, f"landscape-seed{seed}.{ext}")
@@ -89,8 +94,9 @@ def path_for(run_dir: str, seed: int, ext: str = "json") -> str:
 def check_options(opts: Options) -> None:
   """Raises :class:`LandscapeError` for an option out of range (before any
   file is read)."""
-  if not isinstance(opts.grid, int) or opts.grid < 3:
-    raise LandscapeError(f"--grid={opts.grid}; allowed: an int >= 3 (points per axis)")
+  if not isinstance(opts.grid, int) or not 3 <= opts.grid <= MAX_GRID:
+    raise LandscapeError(f"--grid={opts.grid}; allowed: an int in [3, {MAX_GRID}] "
+                         "(points per axis)")
   if not (isinstance(opts.span, (int, float)) and np.isfinite(opts.span) and opts.span > 0):
     raise LandscapeError(f"--span={opts.span}; allowed: a number > 0")
   if opts.data not in DATAS:
