@@ -76,6 +76,14 @@ def inputs(tmp_path_factory):
   (root / "sweep_nancell.toml").write_text('[sweep]\nname = "s"\n[grid]\n'
                                            '"optim.momentum" = [0.5, nan]\n')
   (root / "sweep.toml").write_text('[sweep]\nname = "s"\n[grid]\n"run.rounds" = [1, 2]\n')
+  for name in ("outfile", "alien", "cellfile"):
+    out = root / "afile" if name == "outfile" else root / f"{name}_out"
+    (root / f"sweep_{name}.toml").write_text(f'[sweep]\nname = "s"\nout_dir = "{out}"\n'
+                                             '[grid]\n"run.rounds" = [1]\n')
+  (root / "alien_out" / "s" / "run.rounds=1").mkdir(parents=True)
+  (root / "alien_out" / "s" / "run.rounds=1" / "notes.txt").write_text("mine\n")
+  (root / "cellfile_out" / "s").mkdir(parents=True)
+  (root / "cellfile_out" / "s" / "run.rounds=1").write_text("a file\n")
   for damage in (None, "truncated", "crc", "garbage"):
     p[f"fmnist_{damage or 'ok'}"] = _fmnist_dir(root, damage)
   for name, cfg in {
@@ -229,6 +237,12 @@ CASES = [
     ("sweep_shard_bad", ["sweep", "{sweep.toml}", "--shard", "3/2"], "3/2"),
     ("sweep_cell_bad", ["sweep", "{sweep_badcell.toml}"], "optim.lr=-1.0"),
     ("sweep_cell_nan", ["sweep", "{sweep_nancell.toml}", "--dry-run"], "optim.momentum=nan"),
+    ("sweep_out_dir_is_file", ["sweep", "{sweep_outfile.toml}"], "is not a directory"),
+    ("sweep_out_dir_is_file_dry", ["sweep", "{sweep_outfile.toml}", "--dry-run"],
+     "is not a directory"),
+    ("sweep_cell_dir_not_a_run", ["sweep", "{sweep_alien.toml}"], "notes.txt"),
+    ("sweep_cell_dir_is_file", ["sweep", "{sweep_cellfile.toml}"],
+     "run.rounds=1' exists and is not a directory"),
     # 7. the command line itself (argparse's errors, in the same one line)
     ("flag_bad_int", ["report", "{adir}", "--last", "abc"], "--last: invalid int value: 'abc'"),
     ("flag_unknown", ["run", *SYN, "--bogus"], "--bogus; see jsfl run --help"),

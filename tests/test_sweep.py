@@ -517,9 +517,13 @@ def test_collect_makes_one_row_per_cell(ran, capsys, tmp_path):
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         check=False)
   assert proc.returncode == 0, proc.stderr
-  # nothing collected yet: exit 1
+  # nothing collected yet: one line, exit 2, nothing written
   empty = write_sweep(tmp_path / "e.toml", tmp_path / "none", '[grid]\n"optim.lr" = [0.1]')
-  assert cli.main(["sweep", empty, "--collect"]) == 1
+  capsys.readouterr()
+  assert cli.main(["sweep", empty, "--collect"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and len(err.splitlines()) == 1 and "has metrics yet" in err, err
+  assert not os.path.exists(tmp_path / "none")
 
 
 def test_dry_run_lists_statuses_and_writes_nothing(ran, capsys):

@@ -55,12 +55,13 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
       rep = collect(sweep)
     except ValueError as e:  # a bad reference CSV
       raise SweepError(f"sweep {sweep.path}: {e}") from None
+    if not rep.rows:
+      raise SweepError(f"no cell of {sweep.path} has metrics yet under {sweep.root!r} "
+                       f"({len(sweep.cells)} cells); allowed: --collect once a cell has "
+                       "evaluated a round (jsfl sweep FILE runs them)")
     for p in rep.problems:
       print(f"jsfl: warning: {p}", file=sys.stderr)
     print(report.to_markdown(rep, title=f"jsfl sweep {sweep.name}"))
-    if not rep.rows:
-      print(f"jsfl: no cell of {sweep.path} has metrics yet", file=sys.stderr)
-      return 1
     for p in report.write_report(rep, os.path.join(sweep.root, COLLECTED)):
       log(f"wrote {p}")
     return 0
@@ -71,6 +72,7 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
       c.cfg["exec"]["progress"] = False
   programs = shard(plan(sweep, sweep.cells, per_cell=per_cell), i, n)
   mine = sorted((c for u in programs for c in u.cells), key=lambda c: c.index)
+  check_dirs(sweep, programs)
   if dry_run:
     print_plan(sweep, mine, programs, (i, n), log)
     return 0
@@ -92,6 +94,31 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
           + ", ".join(failed), file=sys.stderr)
     return 1
   return 0
+
+
+def check_dirs(sweep, programs: list[Unit]) -> None:
+  """Raises :class:`SweepError` before anything runs where the sweep could
+  not write, or would replace what is not a jsfl run: a sweep directory or
+  a cell's that is a file, a cell directory with files but no run in it
+  (the sweep replaces a partial run it cannot resume, never other files)."""
+  root = sweep.root
+  if os.path.lexists(root) and not os.path.isdir(root):
+    raise SweepError(f"sweep directory {root!r} exists and is not a directory; allowed: "
+                     "a directory, made if missing ([sweep] out_dir or --out-dir)")
+  rundir.check_parent(root, "sweep.out_dir", error=SweepError)
+  for u in programs:
+    for d in dict.fromkeys([u.dir] + [c.dir for c in u.cells]):
+      if not os.path.lexists(d):
+        continue
+      if not os.path.isdir(d):
+        raise SweepError(f"{d!r} exists and is not a directory; allowed: nothing there "
+                         "or a run directory of this sweep (move the file away)")
+      if (rundir.listing(d) and not os.path.exists(os.path.join(d, "config.json"))
+          and not os.path.exists(os.path.join(d, "metrics.jsonl"))):
+        some = ", ".join(sorted(rundir.listing(d))[:3])
+        raise SweepError(f"{d!r} holds files that are not a jsfl run ({some}); allowed: "
+                         "an empty directory or a run directory of this sweep (move "
+                         "those files away)")
 
 
 def print_plan(sweep, mine, programs, shard_in, log) -> None:
