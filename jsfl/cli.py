@@ -312,10 +312,16 @@ def _resume(args) -> int:
   return 0
 
 
-def _parse_kv(items):
-  from jsfl.config import parse_override
+def _parse_kv(items, prefix=""):
+  """``KEY=VALUE`` options of ``jsfl partition`` (``prefix``: how the user
+  wrote them, ``dataset.`` for the dataset's), values parsed as TOML."""
+  from jsfl.config import ConfigError, parse_override
   opts = {}
   for it in items:
+    key = it.partition("=")[0].strip()
+    if "=" not in it or not key or "." in key:
+      raise ConfigError(f"option {prefix + it!r} is not KEY=VALUE; allowed: KEY=VALUE for "
+                        "the partition (e.g. alpha=0.1) or dataset.KEY=VALUE")
     _, k, v = parse_override(f"p.{it}")
     opts[k] = v
   return opts
@@ -349,7 +355,7 @@ def cmd_partition(args) -> int:
     return _fail(f"--clients={args.clients}; allowed: an int >= 1")
   try:
     data_items, part_items = _split_dataset_kv(args.options)
-    data_opts, opts = _parse_kv(data_items), _parse_kv(part_items)
+    data_opts, opts = _parse_kv(data_items, "dataset."), _parse_kv(part_items)
     ds = load_dataset(args.dataset, data_dir=args.data_dir, **data_opts)
     parts = partitions.make_partition(args.name, ds.y_train, args.clients,
                                       seed=args.seed, num_classes=ds.num_classes,

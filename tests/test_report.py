@@ -479,6 +479,10 @@ def test_reference_column_beside_jsfl(tmp_path, capsys):
   capsys.readouterr()
   assert cli.main(["report", str(tmp_path / "runs"), "--reference", str(bad)]) == 2
   assert "allowed: config fields (section.key" in capsys.readouterr().err
+  bad.write_bytes(b"\xff\xfe\x00method.name,reference\n")  # UTF-16 from a spreadsheet
+  assert cli.main(["report", str(tmp_path / "runs"), "--reference", str(bad)]) == 2
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 1 and "bad.csv' is not UTF-8 text; allowed: a CSV" in err[0], err
 
 
 def test_one_class_rows():

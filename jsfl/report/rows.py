@@ -93,6 +93,9 @@ def read_reference(path: str) -> tuple[list[dict], list[str]]:
       lines = f.read().splitlines()
   except OSError as e:
     raise ValueError(f"--reference={path!r}: cannot be read ({e.strerror or e})") from None
+  except UnicodeDecodeError:
+    raise ValueError(f"--reference={path!r} is not UTF-8 text; allowed: a CSV file "
+                     "(docs/reading-results.md)") from None
   notes = [ln.lstrip("#").strip() for ln in lines if ln.startswith("#")]
   numbered = [(n, ln) for n, ln in enumerate(lines, 1)
               if ln.strip() and not ln.startswith("#")]
