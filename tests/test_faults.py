@@ -297,6 +297,38 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_resumable(
   assert _records(out) == _records(runs["six"])
 
 
+class _Killed(BaseException):
+  """A kill that no handler of the run sees (SIGKILL's effect, in process)."""
+
+
+def test_a_kill_after_the_last_records_before_any_checkpoint_is_resumed(runs, tmp_path,
+                                                                        monkeypatch):
+  """Killed after writing the last round's records but before its summary
+  and checkpoint, in a run too short for an earlier checkpoint: the records
+  alone do not make it finished, so --resume trains it again from round 0
+  and ends as the uninterrupted run does (it said "finished" and kept a
+  summary one round short, and a sweep cell failed on every rerun)."""
+  real = rundir.write_json_atomic
+
+  def killing(path, obj):
+    if path.endswith("summary.json") and obj.get("rounds_evaluated") == 6:
+      raise _Killed
+    return real(path, obj)
+  out = str(tmp_path / "cut")
+  monkeypatch.setattr(rundir, "write_json_atomic", killing)
+  with pytest.raises(_Killed):
+    cli.main(["run", *SYN, "run.rounds=6", "run.checkpoint_every=10", f"run.dir={out}",
+              "--quiet"])
+  monkeypatch.setattr(rundir, "write_json_atomic", real)
+  assert {r["round"] for r in _records(out)} == set(range(1, 7))
+  assert os.listdir(f"{out}/checkpoints") == []
+  assert cli.main(["run", "--resume", out, "--quiet"]) == 0
+  assert _records(out) == _records(runs["six"])
+  summ = json.loads(_read(f"{out}/summary.json"))
+  assert summ["rounds_evaluated"] == 6
+  assert checkpoint.latest_round(f"{out}/checkpoints") == 6
+
+
 def test_a_failed_start_leaves_no_directory(tmp_path, monkeypatch, capsys):
   """A fault between creating the run directory and the first record (here a
   full disk writing config.json) removes the directory and the parents made."""

@@ -236,10 +236,15 @@ def read_run_config(run_dir: str, progress: bool | None = None):
 def finished(run_dir: str, cfg: dict, cells) -> bool:
   """Whether the run in ``run_dir`` has trained all its rounds: its newest
   checkpoint is of the last round, or (runs written before checkpoints
-  existed) every seed has a record of the last round."""
+  existed: no ``checkpoints/``) every seed has a record of the last round.
+
+  A run makes ``checkpoints/`` when it starts and always saves its last
+  round; records of the last round without that checkpoint are a run
+  killed before it (or before its ``summary.json``): unfinished."""
   R = config_lib.typed(cfg).run.rounds
-  done = checkpoint.latest_round(os.path.join(run_dir, "checkpoints"))
-  if done is not None or cells is not None:
+  where = os.path.join(run_dir, "checkpoints")
+  done = checkpoint.latest_round(where)
+  if done is not None or cells is not None or os.path.isdir(where):
     return (done or 0) >= R
   seeds = {config_lib.typed(cfg).run.seed + s for s in range(config_lib.typed(cfg).run.seeds)}
   try:
