@@ -277,6 +277,19 @@ def _free_space_fault(directory: str, leaves) -> str | None:
   return None
 
 
+def _unmerged(directory: str, round_: int) -> str | None:
+  """What a saved step lacks when orbax skipped merging its per-process
+  pieces into one index (it finds them by a glob under the directory, which
+  a ``[...]`` in the path defeats, logging only a warning), or None."""
+  if jax.process_index() != 0:
+    return None
+  state = os.path.join(directory, str(round_), "state")
+  if (os.path.isdir(os.path.join(state, "ocdbt.process_0"))
+      and not os.path.exists(os.path.join(state, "manifest.ocdbt"))):
+    return "no state/manifest.ocdbt"
+  return None
+
+
 def _manager(directory: str, create: bool):
   import orbax.checkpoint as ocp
   options = ocp.CheckpointManagerOptions(
@@ -464,6 +477,14 @@ class Checkpointer:
             state=ocp.args.StandardSave(dict(zip(_leaf_names(len(leaves)), leaves, strict=True))),
             host=ocp.args.JsonSave(host)))
         self._mngr.wait_until_finished()
+      unmerged = _unmerged(self.directory, int(round_))
+      if unmerged:
+        raise CheckpointError(
+            f"the checkpoint of round {round_} in {self.directory} was written without "
+            f"its index ({unmerged}), so it could never be restored; allowed: a run "
+            "directory whose path has no '[...]' in a name (orbax globs below it)")
+    except CheckpointError:
+      raise
     except Exception as e:
       fault = fault or environment_fault(e)
       if fault is None:

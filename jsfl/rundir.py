@@ -20,6 +20,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import time
@@ -75,10 +76,34 @@ def write_npz_atomic(path: str, arrays: dict) -> None:
   _replace_atomic(path, lambda f: np.savez(f, **arrays), "wb")
 
 
+def glob_class(path: str) -> str | None:
+  """The part of ``path`` that a glob pattern reads as a character class
+  (``[...]`` within one name), or None.  orbax finds the pieces of a
+  checkpoint by globbing under its directory: below such a name the pieces
+  are never merged and the checkpoints never restore."""
+  for part in os.path.abspath(path).split(os.sep):
+    m = re.search(r"\[.+\]", part)
+    if m:
+      return m.group(0)
+  return None
+
+
+def check_globless(path: str, key: str, error=RunDirError) -> None:
+  """Raises ``error`` naming ``key=path`` if checkpoints under ``path``
+  would not restore (:func:`glob_class`)."""
+  bad = glob_class(path)
+  if bad is not None:
+    raise error(f"{key}={path!r}: {bad!r} in a directory name would be read as a glob "
+                "pattern by the checkpoint writer (orbax) and no checkpoint could be "
+                "restored; allowed: a path without '[...]' (rename the directory)")
+
+
 def check_target(out_dir: str, name: str, exact: str = "") -> None:
   """Raises :class:`RunDirError` if a new run could not be created where the
   config says (checked before any data is loaded; :func:`new_run_dir`
   checks again when it creates the directory)."""
+  check_globless(exact or os.path.join(out_dir, name or "run"),
+                 "run.dir" if exact else "run.out_dir/run.name")
   if exact:
     if os.path.isdir(exact):
       if listing(exact):

@@ -287,6 +287,21 @@ def test_checkpointer_round_trip_keeps_keys_types_and_the_last_two(tmp_path):
   assert checkpoint.latest_round(str(tmp_path / "nowhere")) is None
 
 
+def test_a_checkpoint_orbax_cannot_index_is_an_error_not_a_silent_loss(tmp_path):
+  """Below a '[...]' name orbax's glob finds none of the pieces it merges
+  into the index: the step looks saved and never restores.  jsfl refuses
+  such run directories up front; a save that ends so anyway raises."""
+  from jsfl.errors import CheckpointError
+  ck = checkpoint.Checkpointer(str(tmp_path / "x=[8, 8, 1]" / "checkpoints"))
+  with pytest.raises(CheckpointError, match="without its index"):
+    ck.save(1, _state(1), [0, 1], np.zeros(2), np.zeros(2))
+  ck.close()
+  ok = checkpoint.Checkpointer(str(tmp_path / "x=[8" / "checkpoints"))  # no class: fine
+  ok.save(1, _state(1), [0, 1], np.zeros(2), np.zeros(2))
+  assert ok.restore(_state(0), [0, 1])[0] == 1
+  ok.close()
+
+
 def _data(x):
   return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
 

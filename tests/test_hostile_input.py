@@ -76,8 +76,8 @@ def inputs(tmp_path_factory):
   (root / "sweep_nancell.toml").write_text('[sweep]\nname = "s"\n[grid]\n'
                                            '"optim.momentum" = [0.5, nan]\n')
   (root / "sweep.toml").write_text('[sweep]\nname = "s"\n[grid]\n"run.rounds" = [1, 2]\n')
-  for name in ("outfile", "alien", "cellfile"):
-    out = root / "afile" if name == "outfile" else root / f"{name}_out"
+  for name in ("outfile", "alien", "cellfile", "glob"):
+    out = {"outfile": root / "afile", "glob": root / "sw[1]"}.get(name, root / f"{name}_out")
     (root / f"sweep_{name}.toml").write_text(f'[sweep]\nname = "s"\nout_dir = "{out}"\n'
                                              '[grid]\n"run.rounds" = [1]\n')
   (root / "alien_out" / "s" / "run.rounds=1").mkdir(parents=True)
@@ -141,6 +141,8 @@ CASES = [
     ("out_dir_under_file", ["run", *SYN, "run.out_dir={afile}/runs"], "afile"),
     ("run_name_with_slash", ["run", *SYN, "run.out_dir=new", "run.name=a/b"], "run.name='a/b'"),
     ("run_name_dotdot", ["run", *SYN, "run.out_dir=new/deep", "run.name=.."], "run.name='..'"),
+    ("run_dir_glob_class", ["run", *SYN, "run.dir=lr[0.1]/r"], "'[0.1]' in a directory name"),
+    ("run_name_glob_class", ["run", *SYN, "run.name=x[8, 8, 1]"], "run.out_dir/run.name="),
     ("run_dir_locked", ["run", *SYN, "run.dir={locked}"], "in use by process"),
     # 3. data problems
     ("data_dir_missing", ["run", "dataset.data_dir=/no/such/dir", "run.rounds=1"],
@@ -246,6 +248,7 @@ CASES = [
     ("sweep_out_dir_is_file", ["sweep", "{sweep_outfile.toml}"], "is not a directory"),
     ("sweep_out_dir_is_file_dry", ["sweep", "{sweep_outfile.toml}", "--dry-run"],
      "is not a directory"),
+    ("sweep_out_dir_glob_class", ["sweep", "{sweep_glob.toml}"], "sweep.out_dir="),
     ("sweep_cell_dir_not_a_run", ["sweep", "{sweep_alien.toml}"], "notes.txt"),
     ("sweep_cell_dir_is_file", ["sweep", "{sweep_cellfile.toml}"],
      "run.rounds=1' exists and is not a directory"),

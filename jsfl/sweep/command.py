@@ -106,6 +106,7 @@ def check_dirs(sweep, programs: list[Unit]) -> None:
     raise SweepError(f"sweep directory {root!r} exists and is not a directory; allowed: "
                      "a directory, made if missing ([sweep] out_dir or --out-dir)")
   rundir.check_parent(root, "sweep.out_dir", error=SweepError)
+  rundir.check_globless(root, "sweep.out_dir", error=SweepError)
   for u in programs:
     for d in dict.fromkeys([u.dir] + [c.dir for c in u.cells]):
       if not os.path.lexists(d):

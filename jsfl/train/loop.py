@@ -213,6 +213,7 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
     Stopped: as :func:`run`.
   """
   cfg, cells = read_run_config(run_dir, progress)
+  rundir.check_globless(run_dir, "--resume")
   if finished(run_dir, cfg, cells):
     R = config_lib.typed(cfg).run.rounds
     print(f"jsfl: {run_dir} is finished ({R} of {R} rounds); nothing to resume",
