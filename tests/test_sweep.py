@@ -11,6 +11,7 @@ import pytest
 
 from jsfl import cli, sweep, train
 from jsfl.rundir import read_metrics
+from jsfl.sweep import execute
 from jsfl.train import memory, programs
 from jsfl.train.lifecycle import Progress
 from jsfl.train.memory import memory_estimate
@@ -655,7 +656,11 @@ def test_a_diverged_slot_fails_its_cell_only(tmp_path, monkeypatch, capsys):
   assert not [n for n in os.listdir(sw.root) if n.startswith(".batch-")]
 
 
-def test_a_killed_program_resumes_bit_identically(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("device", ["same", "smaller"])
+def test_a_killed_program_resumes_bit_identically(tmp_path, monkeypatch, capsys, device):
+  """``smaller``: the rerun's device fits fewer slots than the program has
+  (another GPU kind, another memory fraction); the program is still
+  resumed from its checkpoints, not planned anew from round 0."""
   body = '[grid]\n"optim.lr" = [0.01, 0.02]'
   base = (BASE.replace('"run.rounds" = 2', '"run.rounds" = 3')
           + '"run.seeds" = 2\n"run.checkpoint_every" = 1\n')
@@ -684,13 +689,55 @@ def test_a_killed_program_resumes_bit_identically(tmp_path, monkeypatch, capsys)
   assert [r.split("|")[2].strip() for r in rows] == ["0.01", "0.02"]
   assert all("| 2 | 2 |" in r for r in rows)
   shutil.rmtree(os.path.join(sw.root, "collected"))
+  if device == "smaller":
+    monkeypatch.setattr(memory, "fitting_slots", lambda exp: 2)
   assert cli.main(["sweep", cut, "--quiet"]) == 0
-  assert f"resuming {sw.root}/{batch}" in capsys.readouterr().out  # from round 1
+  out = capsys.readouterr().out
+  assert f"resuming {sw.root}/{batch}" in out  # from round 1
+  assert ("has their training so far: going on with it" in out) == (device == "smaller")
+  assert sorted(os.listdir(sw.root)) == ["optim.lr=0.01", "optim.lr=0.02"]
   for name in ("optim.lr=0.01", "optim.lr=0.02"):
     a = read_metrics(f"{tmp_path}/a/t/{name}/metrics.jsonl")
     b = read_metrics(f"{tmp_path}/b/t/{name}/metrics.jsonl")
     assert [{k: v for k, v in r.items() if k != "wall_s"} for r in a] == \
         [{k: v for k, v in r.items() if k != "wall_s"} for r in b]
+
+
+def test_a_kill_while_cells_are_split_out_is_finished_without_training(tmp_path,
+                                                                       monkeypatch, capsys):
+  """Killed after the first cell of a trained program was split out: the
+  rerun splits the rest from the program's records (no training), leaves
+  the first as it was, and no directory behind."""
+  body = '[grid]\n"optim.lr" = [0.01, 0.02, 0.03]'
+  whole = write_sweep(tmp_path / "a.toml", tmp_path / "a", body)
+  assert cli.main(["sweep", whole, "--quiet"]) == 0
+  real = execute.mark_done
+  calls = []
+
+  def dying(d):
+    calls.append(d)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    real(d)
+  monkeypatch.setattr(execute, "mark_done", dying)
+  cut = write_sweep(tmp_path / "b.toml", tmp_path / "b", body)
+  assert cli.main(["sweep", cut, "--quiet"]) != 0
+  monkeypatch.setattr(execute, "mark_done", real)
+  root = tmp_path / "b" / "t"
+  first = tree(root / "optim.lr=0.01")
+  assert any(".split" in n for n in os.listdir(root))
+  monkeypatch.setattr(programs, "build_programs", None)  # no training this time
+  capsys.readouterr()
+  assert cli.main(["sweep", cut, "--quiet"]) == 0
+  out = capsys.readouterr().out
+  assert "1 done" in out and "program already trained; splitting it" in out
+  assert sorted(os.listdir(root)) == ["optim.lr=0.01", "optim.lr=0.02", "optim.lr=0.03"]
+  assert tree(root / "optim.lr=0.01") == first
+  for name in ("optim.lr=0.01", "optim.lr=0.02", "optim.lr=0.03"):
+    a, b = (read_metrics(f"{d}/{name}/metrics.jsonl") for d in (tmp_path / "a" / "t", root))
+    assert [{k: v for k, v in r.items() if k != "wall_s"} for r in a] == \
+        [{k: v for k, v in r.items() if k != "wall_s"} for r in b]
+    assert os.path.exists(root / name / sweep.DONE)
 
 
 def test_a_grid_axis_over_a_whole_section(tmp_path):

@@ -83,7 +83,7 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
       if diff:
         print(f"jsfl: warning: cell {c.name} finished with another config ("
               f"{', '.join(diff)}); delete {c.dir} to rerun it", file=sys.stderr)
-  done = len(mine) - sum(len(u.cells) for u in units)
+  done = sum(status(c) == "done" for c in mine)
   log(f"sweep {sweep.name}: {len(mine)} cells" + (f" (shard {i}/{n} of {len(sweep.cells)})"
                                                   if n > 1 else "")
       + f", {done} done, {len(units)} program{'s' * (len(units) != 1)} to go -> "

@@ -18,7 +18,9 @@ from jsfl.sweep.plan import (
   Unit,
   config_diff,
   fields_differing,
+  finished,
   finished_run,
+  has_progress,
   plan,
   read_json,
   seed_text,
@@ -65,10 +67,15 @@ def split_batch(unit: Unit) -> list[str]:
       os.path.join(src, n)) and n not in ("config.json", "summary.json"))
   diverged_cells = []
   for cell in unit.cells:
+    parent, base = os.path.split(cell.dir)
+    for stale in os.listdir(parent):  # left by a split that was killed
+      if stale.startswith(base + ".split"):
+        shutil.rmtree(os.path.join(parent, stale), ignore_errors=True)
+    if finished(cell.dir, config_lib.typed(cell.cfg).run.rounds):
+      continue  # split out before a kill: the same files again
     diverged = {e["seed"]: e["round"] for e in summ.get("diverged", ())
                 if e.get("cell") == cell.name}
     tmp = f"{cell.dir}.split{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     m = copy.deepcopy(meta)
     m.pop("cells", None)
@@ -215,6 +222,14 @@ def validate_units(sweep: Sweep, units: list[Unit], log=None) -> list[Unit]:
       raise SweepError(f"sweep {sweep.path}, cell {names}: {e}") from None
     fit = u.slots if config_lib.typed(u.cfg).exec.max_slots else fitting_slots(exp)
     if u.slots <= fit or not u.batched:
+      out.append(u)
+      continue
+    if has_progress(u) and same_cells(u.dir, u):  # planned so on another device
+      if log is not None:
+        log(f"memory guard: {u.slots} slots of {u.cells[0].name} and {len(u.cells) - 1} "
+            f"more cells would not fit the device (about {fit} do: {memory_text(exp)}), "
+            f"but {u.dir} has their training so far: going on with it (delete it to "
+            "re-plan, or set exec.max_slots)")
       out.append(u)
       continue
     parts = plan(sweep, u.cells, max_slots=max(fit, 1))

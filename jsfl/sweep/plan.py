@@ -153,14 +153,25 @@ def plan(sweep: Sweep, cells: list[Cell], max_slots: int | None = None,
   return units
 
 
+def has_progress(unit: Unit) -> bool:
+  """A program of several cells whose directory holds training to keep:
+  checkpoints to resume, or every round trained (killed while its cells
+  were being split out)."""
+  return unit.batched and (
+      os.path.isdir(os.path.join(unit.dir, "checkpoints"))
+      or finished_run(unit.dir, config_lib.typed(unit.cfg).run.rounds))
+
+
 def pending(units: list[Unit]) -> list[Unit]:
   """``units`` without their finished cells (a program whose cells are all
-  done is dropped; one with some done trains the rest)."""
+  done is dropped; one with some done trains the rest, unless its
+  directory has progress to keep: then it goes on whole, and its done
+  cells are not written again)."""
   out = []
   for u in units:
     todo = [c for c in u.cells if status(c) != "done"]
     if todo:
-      out.append(u if len(todo) == len(u.cells) else make_unit(todo))
+      out.append(u if len(todo) == len(u.cells) or has_progress(u) else make_unit(todo))
   return out
 
 
