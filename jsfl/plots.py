@@ -31,6 +31,7 @@ does not depend on the data.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -86,7 +87,16 @@ def _figure(kind: str):
 
 
 def _save(fig, path: str) -> str:
-  fig.savefig(path, dpi=DPI)
+  """Written aside and renamed: a killed ``jsfl plot`` leaves the old PNG or
+  the new one, never half of one."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  try:
+    fig.savefig(tmp, dpi=DPI, format="png")
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
   return path
 
 
