@@ -399,10 +399,11 @@ def test_part2_scope_needs_a_split_method(tmp_path, capsys):
 
 # ------------------------------------------ CIFAR-100 superclasses (Table 9)
 def test_cifar100_superclasses_are_the_release_coarse_labels(tmp_path, monkeypatch):
-  """``superclasses = "cifar100"``, G = 20: every fine label maps to the
-  coarse label the CIFAR-100 python release pairs it with (its
-  ``coarse_labels``, read by jsfl's reader from the test fixture that covers
-  all 100 fine labels); 5 fine labels per superclass."""
+  """``superclasses = "cifar100"``, G = 20: every fine label maps to its
+  superclass in the CIFAR-100 release's list (written out below by name,
+  apart from jsfl's tables); the reader's ``coarse_labels`` path agrees
+  (the fixture's coarse labels come from the reader's table, so that part
+  checks the plumbing, the list checks the table); 5 fine labels each."""
   from test_dataset_files import write_cifar
   monkeypatch.setenv("JSFL_DATA", str(tmp_path / "cache"))
   monkeypatch.setenv("JSFL_SYSTEM_DATA", str(tmp_path / "system"))
@@ -421,6 +422,33 @@ def test_cifar100_superclasses_are_the_release_coarse_labels(tmp_path, monkeypat
   sup = [n for n, _ in hydra.CIFAR100_SUPERCLASSES]
   assert sup[names["apple"]] == "fruit_and_vegetables" and sup[names["whale"]] == \
       "aquatic_mammals" and sup[names["tractor"]] == "vehicles_2"
+  release = {  # superclass: its five classes, as the dataset's page lists them
+      "aquatic_mammals": "beaver dolphin otter seal whale",
+      "fish": "aquarium_fish flatfish ray shark trout",
+      "flowers": "orchid poppy rose sunflower tulip",
+      "food_containers": "bottle bowl can cup plate",
+      "fruit_and_vegetables": "apple mushroom orange pear sweet_pepper",
+      "household_electrical_devices": "clock keyboard lamp telephone television",
+      "household_furniture": "bed chair couch table wardrobe",
+      "insects": "bee beetle butterfly caterpillar cockroach",
+      "large_carnivores": "bear leopard lion tiger wolf",
+      "large_man-made_outdoor_things": "bridge castle house road skyscraper",
+      "large_natural_outdoor_scenes": "cloud forest mountain plain sea",
+      "large_omnivores_and_herbivores": "camel cattle chimpanzee elephant kangaroo",
+      "medium_mammals": "fox porcupine possum raccoon skunk",
+      "non-insect_invertebrates": "crab lobster snail spider worm",
+      "people": "baby boy girl man woman",
+      "reptiles": "crocodile dinosaur lizard snake turtle",
+      "small_mammals": "hamster mouse rabbit shrew squirrel",
+      "trees": "maple_tree oak_tree palm_tree pine_tree willow_tree",
+      "vehicles_1": "bicycle bus motorcycle pickup_truck train",
+      "vehicles_2": "lawn_mower rocket streetcar tank tractor"}
+  # the release numbers both label sets in alphabetical order of their names
+  assert list(hydra.CIFAR100_FINE) == sorted(w for v in release.values() for w in v.split())
+  assert sup == sorted(release)
+  want = [sorted(release).index(next(c for c, v in release.items() if f in v.split()))
+          for f in hydra.CIFAR100_FINE]
+  np.testing.assert_array_equal(table, want)
   with pytest.raises(ValueError, match="allowed: groups in \\[20\\] with L = 100"):
     hydra.superclass_table("cifar100", 100, 5)
   with pytest.raises(ValueError, match="L=10"):
