@@ -230,7 +230,8 @@ def _parser() -> argparse.ArgumentParser:
   i.add_argument("overrides", nargs="*", help="section.key=value overrides")
   i.add_argument("--no-compile", action="store_true",
                  help="leave out the round program's memory (it loads the data and "
-                 "compiles the program three times)")
+                 "compiles the program three times); the config is then checked "
+                 "against the schema only, not against the data and model")
   sub.add_parser("config-reference", help="print the config reference (markdown)")
   return p
 
