@@ -759,6 +759,28 @@ partition = [{name = "dirichlet", alpha = 0.1, min_size = 2}, {name = "iid"}]
   assert [[c.index for c in u.cells] for u in sweep.plan(sw, sw.cells)] == [[0, 1], [2, 3]]
 
 
+def test_a_named_value_set_may_set_keys_of_other_sections(tmp_path, capsys):
+  """``fedavg = {name = "fedavg", "optim.weight_decay" = 0.0}``: that value
+  set alone changes the optimiser; the cell keeps the value's name."""
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", """
+"optim.weight_decay" = 1e-4
+[grid.method]
+fedavg = {name = "fedavg", "optim.weight_decay" = 0.0}
+sfl = {name = "sfl"}
+""")
+  sw = sweep.load_sweep(path)
+  assert [c.name for c in sw.cells] == ["fedavg", "sfl"]
+  sweep.resolve(sw)
+  assert [(c.cfg["method"]["name"], c.cfg["optim"]["weight_decay"]) for c in sw.cells] == [
+      ("fedavg", 0.0), ("sfl", 1e-4)]
+  bad = write_sweep(tmp_path / "b.toml", tmp_path / "out", """
+[grid.method]
+fedavg = {name = "fedavg", "method.name" = "sfl"}
+""")
+  assert cli.main(["sweep", bad, "--dry-run"]) == 2
+  assert "sets method.name twice" in capsys.readouterr().err
+
+
 def test_config_diff_leaves_out_how_evaluation_is_lowered_and_chunked(tmp_path):
   """A cell finished or checkpointed before ``exec.eval_batch`` became 0 (the
   backend's chunk) and ``model.eval_conv_impl`` existed is not redone for

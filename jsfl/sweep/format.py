@@ -245,9 +245,10 @@ def load_sweep(path: str, out_dir: str | None = None) -> Sweep:
   if not isinstance(grid, dict):
     raise SweepError(f"sweep {path}: grid must be a table [grid]")
   # An axis over a whole section: ``partition = [{name = "iid"}, {name =
-  # "dirichlet", alpha = 0.1}]``, each value a set of that section's keys; or
-  # with named values, ``[grid.partition]`` ``iid = {name = "iid"}``, whose
-  # names stand for those keys in the cells' names.
+  # "dirichlet", alpha = 0.1}]``, each value a set of that section's keys
+  # (and of others', quoted as ``"optim.lr"``); or with named values,
+  # ``[grid.partition]`` ``iid = {name = "iid"}``, whose names stand for
+  # those keys in the cells' names.
   sections = {k: v for k, v in grid.items() if "." not in k and isinstance(v, list)
               and v and all(isinstance(x, dict) for x in v)}
   named = {k: v for k, v in grid.items() if "." not in k and isinstance(v, dict)
@@ -281,7 +282,11 @@ def load_sweep(path: str, out_dir: str | None = None) -> Sweep:
     for label, t in tables:
       if label is not None:
         check_name(path, f"[grid.{section}]", label)
-      pairs = flatten({section: t}, "[grid]", path)
+      # quoted section.key entries set other sections for this value set
+      # (FedAvg without the others' weight decay, as the authors' code has it)
+      own = {k: v for k, v in t.items() if "." not in k}
+      pairs = flatten({section: own, **{k: v for k, v in t.items() if "." in k}},
+                      "[grid]", path)
       for k, v in pairs:
         check_value(path, "[grid]", k, v)
       sets.append((pairs, label))
