@@ -13,6 +13,7 @@ failed;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
@@ -498,6 +499,10 @@ def main(argv=None) -> int:
     return _dispatch(argv)
   except UserError as e:
     return _fail(str(e))
+  except BrokenPipeError:  # `jsfl sweep --dry-run | head`: the reader has gone
+    with contextlib.suppress(OSError):
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + 13  # as a process killed by SIGPIPE
   except OSError as e:
     if e.errno not in _ENV_ERRNOS:
       raise

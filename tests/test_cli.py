@@ -195,3 +195,24 @@ def test_typed_config_sections_are_current_and_hold_the_config():
     assert {**values, **extra} == cfg[section]
   with pytest.raises(dataclasses.FrozenInstanceError):
     c.run.rounds = 8  # type: ignore[misc]
+
+
+def test_output_cut_short_by_its_reader_is_no_traceback(tmp_path):
+  """``jsfl sweep FILE --dry-run | head``: the pipe closes early; jsfl ends
+  quietly with SIGPIPE's status, not an 'internal error' traceback."""
+  import subprocess
+  import sys
+  sweep = tmp_path / "s.toml"
+  sweep.write_text('[sweep]\nname = "s"\n[grid]\n"run.seed" = [' + ", ".join(
+      str(i) for i in range(3000)) + "]\n")
+  proc = subprocess.Popen([sys.executable, "-m", "jsfl", "sweep", str(sweep), "--dry-run"],
+                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc.stdout.readline()
+  proc.stdout.close()
+  err = proc.stderr.read().decode()
+  assert proc.wait(timeout=120) == 141, err
+  assert err == ""
+
+
+def test_the_no_command_line_names_every_command():
+  assert cli.COMMANDS == tuple(cli._parser()._subparsers._group_actions[0].choices)

@@ -220,7 +220,7 @@ def test_label_counts_dominant_labels_index_table():
 
 def test_partitions_registry_defaults_are_used():
   assert set(P.PARTITIONS) == {"iid", "dirichlet", "dominant_label",
-                               "sharding", "exdir", "labelwise", "natural"}
+                               "sharding", "exdir", "labelwise", "distribution", "natural"}
   a = P.make_partition("dominant_label", Y, 10, seed=0)
   b = P.make_partition("dominant_label", Y, 10, seed=0, p=0.8, phi=1)
   for x, z in zip(a, b):
@@ -360,6 +360,52 @@ def test_labelwise_on_the_cross_check_subset(p):
   case = ref["cases"][f"fashion_mnist6k_k10_p{p}"]
   parts = P.make_partition("labelwise", ds.y_train, 10, seed=ref["seed"], p=p)
   assert mod.fingerprint(parts) == {"sizes": case["sizes"], "sha256": case["sha256"]}
+
+
+@pytest.mark.parametrize("case", ["superclasses", "unequal_half_the_labels",
+                                  "ten_labels_twenty_columns"])
+def test_distribution_is_flowers_split(case):
+  """The fingerprints were written by Flower Datasets' own
+  DistributionPartitioner (distribution_reference.py) on the same labels,
+  with the Hydra authors' weights and seed 42."""
+  import json
+
+  from conftest import ROOT, load_script
+  mod = load_script("experiments/hydra/authors_code/distribution_reference.py")
+  ref = json.loads((ROOT / "tests/data/distribution_reference.json").read_text())
+  (name, y, K, per, pre), = [c for c in mod.cases() if c[0] == case]
+  want = ref["cases"][case]
+  parts = P.make_partition("distribution", y, K, seed=ref["seed"], dominant=ref["dominant"],
+                           other=ref["other"], labels_per_client=per, preassigned=pre)
+  assert [len(p) for p in parts] == want["sizes"]
+  assert mod.digest(parts) == want["sha256"]
+  assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))
+  other = P.make_partition("distribution", y, K, seed=ref["seed"] + 1,
+                           labels_per_client=per, preassigned=pre)
+  assert mod.digest(other) != want["sha256"]  # the remainders land elsewhere
+
+
+def test_distribution_with_the_authors_values_is_about_40_percent_dominant():
+  y = np.repeat(np.arange(20), 2500)
+  counts = P.label_counts(P.make_partition("distribution", y, 20, seed=42), y, 20)
+  # (2500 - 400) x 0.5 / 1.07 -> 981 + 20, the others (2100 x 0.03 / 1.07 -> 58) + 20
+  assert (np.diag(counts) >= 1001).all() and (np.diag(counts) <= 1001 + 17).all()
+  off = counts[~np.eye(20, dtype=bool)]
+  assert set(off.tolist()) <= {78, 78 + 17}
+  share = np.diag(counts) / counts.sum(1)
+  assert (0.39 < share).all() and (share < 0.42).all()  # the paper's 80%-DL: 0.8
+
+
+@pytest.mark.parametrize("K, opts, message", [
+    (30, {}, "num_clients=30; allowed: a multiple of the 20 labels"),
+    (20, {"dominant": 0.0}, r"distribution.dominant=0.0; allowed: a float > 0"),
+    (20, {"labels_per_client": 21}, r"labels_per_client=21; allowed: an int in \[1, 20\]"),
+    (20, {"preassigned": 200}, "distribution.preassigned=200: label 0 has 2500 samples"),
+])
+def test_distribution_rejects_what_flower_cannot_draw(K, opts, message):
+  y = np.repeat(np.arange(20), 2500)
+  with pytest.raises(ValueError, match=message):
+    P.make_partition("distribution", y, K, seed=42, **opts)
 
 
 def test_labelwise_shares_rounding_and_unheld_samples():

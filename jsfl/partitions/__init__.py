@@ -16,12 +16,18 @@ each sorted ascending).  Methods and their options, with defaults:
 * ``labelwise(p=0.8)``: p%-DL as the Hydra authors' code draws it (client
   ``l mod K`` dominant in label l, shares rounded per label, a few samples
   unheld), reproducing their index sets exactly.
+* ``distribution(dominant=0.5, other=0.03, labels_per_client=None,
+  preassigned=20)``: Flower's ``DistributionPartitioner`` as the Hydra
+  authors' code draws CIFAR-100's superclass split (each label's samples cut
+  in dataset order by a weight matrix, client p taking piece p of each
+  label it visits), reproducing Flower's index sets.
 * ``natural(group=False)``: the dataset's own client ids (pass
   ``client_ids``); with ``group`` and fewer clients than ids, each client
   holds a group of ids.
 
 All randomness comes from ``np.random.default_rng(seed)`` (``labelwise``:
-Python's ``random.Random(seed)``, as the code it reproduces), so a (method,
+Python's ``random.Random(seed)``, as the code it reproduces; ``distribution``
+draws from it as Flower does), so a (method,
 options, labels, K, seed) tuple always gives the same partition.  Impossible
 requests raise ValueError instead of being silently adjusted.
 """
@@ -35,6 +41,7 @@ import numpy as np
 # Modules, not their same-named functions, so that ``jsfl.partitions.exdir``
 # etc. stay importable as modules.
 from jsfl.partitions import dirichlet as _dirichlet
+from jsfl.partitions import distribution as _distribution
 from jsfl.partitions import dominant_label as _dominant_label
 from jsfl.partitions import exdir as _exdir
 from jsfl.partitions import iid as _iid
@@ -65,6 +72,12 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
     },
     "exdir": {"classes_per_client": (int, 2), "alpha": (float, 0.5), "min_size": (int, 10)},
     "labelwise": {"p": (float, 0.8)},
+    "distribution": {
+        "dominant": (float, 0.5),
+        "other": (float, 0.03),
+        "labels_per_client": (int, None),
+        "preassigned": (int, 20),
+    },
     "natural": {"group": (bool, False)},
 }
 
@@ -171,6 +184,8 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
     raise ValueError(f"seed={seed!r}; allowed: an int >= 0")
   if name == "labelwise":
     return _labelwise.labelwise(labels, num_clients, num_classes, int(seed), **opts)
+  if name == "distribution":
+    return _distribution.distribution(labels, num_clients, num_classes, int(seed), **opts)
   rng = np.random.default_rng(int(seed))
   if name == "iid":
     return _iid.iid(labels, num_clients, rng)

@@ -1,0 +1,115 @@
+"""The client index sets Flower Datasets' ``DistributionPartitioner`` draws
+with the Hydra authors' settings, for jsfl's test that its ``distribution``
+partition is the same split.
+
+The authors' ``get_data.py`` sends CIFAR-100's superclass labels through
+Flower's ``DistributionPartitioner`` (weights 0.5 on the diagonal, 0.03
+elsewhere, 20 samples of each label pre-assigned, 20 labels a client, seed
+42). This runs that class from an unpacked flwr-datasets wheel on label
+vectors standing in for the data (the partitioner reads only the label
+column; a small stand-in replaces the ``datasets`` package, which the
+partitioner needs only for its type) and writes, per case, the per-client
+sizes and a SHA-256 of the sorted index lists to
+``tests/data/distribution_reference.json``:
+
+    pip download flwr-datasets==0.6.1 --no-deps -d /tmp/flwr
+    unzip /tmp/flwr/flwr_datasets-0.6.1-py3-none-any.whl -d /tmp/flwr/src
+    python experiments/hydra/authors_code/distribution_reference.py /tmp/flwr/src
+
+Cases: 20 superclasses of 2,500 samples in a shuffled order (CIFAR-100's
+train split) on 20 clients; unequal label sizes on 20 clients visiting 10
+labels each (fewer columns than labels); 10 labels on 20 clients visiting
+all 10 (more columns than labels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import os
+import sys
+import types
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+OUT = os.path.join(ROOT, "tests", "data", "distribution_reference.json")
+
+
+class _Dataset:
+  """What the partitioner reads of a ``datasets.Dataset``: one column."""
+
+  def __init__(self, labels):
+    self.labels = [int(v) for v in labels]
+    self.num_rows = len(self.labels)
+
+  def unique(self, column):
+    return sorted(set(self.labels))
+
+  def __getitem__(self, column):
+    return self.labels
+
+  def select(self, indices):
+    return list(indices)
+
+
+def load_partitioner(src: str):
+  """``DistributionPartitioner`` from the wheel's source, its package
+  initialisers (which import the Hugging Face stack) left unrun."""
+  sys.modules["datasets"] = types.SimpleNamespace(Dataset=_Dataset)
+  for name in ("flwr_datasets", "flwr_datasets.common", "flwr_datasets.partitioner"):
+    mod = types.ModuleType(name)
+    mod.__path__ = [os.path.join(src, *name.split("."))]
+    sys.modules[name] = mod
+  return importlib.import_module(
+      "flwr_datasets.partitioner.distribution_partitioner").DistributionPartitioner
+
+
+def digest(parts) -> str:
+  h = hashlib.sha256()
+  for p in parts:
+    h.update(np.asarray(sorted(p), dtype=np.int64).tobytes())
+    h.update(b"|")
+  return h.hexdigest()
+
+
+def cases():
+  rng = np.random.default_rng(7)
+  cifar = rng.permutation(np.repeat(np.arange(20), 2500))
+  sizes = 200 + 37 * np.arange(20)
+  unequal = rng.permutation(np.repeat(np.arange(20), sizes))
+  ten = rng.permutation(np.repeat(np.arange(10), 300))
+  return [("superclasses", cifar, 20, 20, 20), ("unequal_half_the_labels", unequal, 20, 10, 5),
+          ("ten_labels_twenty_columns", ten, 20, 10, 3)]
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("src", help="the unpacked flwr-datasets wheel (holds flwr_datasets/)")
+  src = ap.parse_args().src
+  Partitioner = load_partitioner(src)
+  out = {"seed": 42, "dominant": 0.5, "other": 0.03, "flwr_datasets": "0.6.1", "cases": {}}
+  for name, labels, K, per, pre in cases():
+    L = int(labels.max()) + 1
+    C = per * K // L
+    weights = np.full((L, C), 0.03)
+    for lab in range(min(L, C)):
+      weights[lab, lab] = 0.5
+    part = Partitioner(distribution_array=weights, num_partitions=K,
+                       num_unique_labels_per_partition=per, partition_by="label",
+                       preassigned_num_samples_per_label=pre)
+    part.dataset = _Dataset(labels)
+    parts = [part.load_partition(k) for k in range(K)]
+    out["cases"][name] = {"clients": K, "labels_per_client": per, "preassigned": pre,
+                          "sizes": [len(p) for p in parts], "sha256": digest(parts)}
+  with open(OUT, "w") as f:
+    json.dump(out, f, indent=1)
+    f.write("\n")
+  print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+  main()
