@@ -213,3 +213,21 @@ def test_every_method_builds_its_algorithm_once_per_run(name, monkeypatch):
                                         jax.random.fold_in(k, 1)))(state, key)
   assert len(builds) == 1
   assert made == built, f"{name} built {made[len(built):]} while tracing rounds"
+
+
+def test_masked_cross_entropy_is_torchs_mean_over_the_samples_that_exist():
+  """The loss every loop reference shares with the rounds, against float64
+  numpy: the mean of -log softmax[label] over the valid samples of a ragged
+  batch (PyTorch's mean reduction on the short last batch), 0 for none."""
+  from jsfl.core.loss import masked_cross_entropy
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(6, 5)).astype(np.float32) * 3
+  labels = rng.integers(0, 5, 6)
+  mask = np.array([1, 1, 0, 1, 0, 0], bool)
+  z = logits.astype(np.float64)
+  nll = np.log(np.exp(z).sum(1)) - z[np.arange(6), labels]
+  got = float(masked_cross_entropy(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask)))
+  assert got == pytest.approx(nll[mask].mean(), rel=1e-6)
+  assert got != pytest.approx(nll[mask].sum() / 6, rel=1e-3)  # not over the padded size
+  assert float(masked_cross_entropy(jnp.asarray(logits), jnp.asarray(labels),
+                                    jnp.zeros(6, bool))) == 0.0

@@ -80,9 +80,9 @@ def np_smooth(counts, s=1e-3):
   return p / p.sum(-1, keepdims=True)
 
 
-def np_weights(student_counts, teacher_counts, metric="kl", eps=0.05):
-  d = np.array([[np_dist(np_smooth(s), np_smooth(t), metric) for t in teacher_counts]
-                for s in student_counts]) + eps
+def np_weights(student_counts, teacher_counts, metric="kl", eps=0.05, smooth=1e-3):
+  d = np.array([[np_dist(np_smooth(s, smooth), np_smooth(t, smooth), metric)
+                 for t in teacher_counts] for s in student_counts]) + eps
   return (1 / d) / (1 / d).sum(1, keepdims=True), d / d.sum(1, keepdims=True)
 
 
@@ -390,9 +390,13 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None, steps=
     students = np.asarray(clients)[seq]
     teachers = None
     if kd and r > 0:
-      pos, _ = np_greedy(counts[prev_clients], kd["m"])
+      pos, _ = np_greedy(counts[prev_clients], kd["m"], kd.get("selection_metric", "kl"))
       teachers = [prev_models[k] for k in pos]
-      w_tc, w_nc = np_weights(counts[students], counts[prev_clients[pos]])
+      w_tc, w_nc = np_weights(counts[students], counts[prev_clients[pos]],
+                              kd.get("metric", "kl"), kd.get("eps", 0.05),
+                              kd.get("smooth", 1e-3))
+      if kd.get("nc_equal"):
+        w_nc = np.full_like(w_nc, 1.0 / kd["m"])
       logs.append((prev_clients[pos], w_tc, w_nc))
     if cwc_opts:
       importance = jax.tree.map(lambda c: cwc_opts["sigma"] * c, importance)
@@ -530,6 +534,29 @@ def test_sfedkd_equals_loop():
     np.testing.assert_allclose(m["teacher_weights_tc"], w_tc, rtol=1e-4)
     np.testing.assert_allclose(m["teacher_weights_nc"], w_nc, rtol=1e-4)
     assert m["reg_loss"] > 0
+
+
+def test_sfedkd_equals_loop_at_other_options():
+  """Every SFedKD option that changes the math off its default at once: the
+  discrepancy and selection metrics, eps, the smoothing, equal NCKD
+  weights, alpha_t, beta_t and T."""
+  data = make_fed_data(DATA_SIZES)
+  kd = {"m": 2, "alpha": 0.5, "beta": 3.0, "t": 2.0, "metric": "l1",
+        "selection_metric": "l2", "eps": 0.2, "smooth": 0.01, "nc_equal": True}
+  opts = SFedKDOptions(num_teachers=2, alpha_t=0.5, beta_t=3.0, temperature=2.0, eps=0.2,
+                       smooth=0.01, metric="l1", selection_metric="l2", nc_weights="equal")
+  setup = seq_setup(data, options=opts)
+  key = jax.random.key(8)
+  state, losses, metrics = run_logged(sfedkd, setup, data, key, 3)
+  (p, s, _), ref_losses, logs = ref_sequential(sfedkd, setup, data, key, 3, kd=kd)
+  chex.assert_trees_all_close(state.params, p, **TOL)
+  chex.assert_trees_all_close(state.stats, s, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  for m, (teachers, w_tc, w_nc) in zip(metrics[1:], logs):
+    assert m["teachers"].tolist() == np.asarray(teachers).tolist()
+    np.testing.assert_allclose(m["teacher_weights_tc"], w_tc, rtol=1e-4)
+    np.testing.assert_allclose(m["teacher_weights_nc"], w_nc, rtol=1e-4)
+    assert not np.allclose(w_tc, w_nc)  # equal NCKD weights, discrepancy TCKD ones
 
 
 def test_sfedkd_equals_loop_when_epochs_drop_different_remainders():
