@@ -19,6 +19,7 @@
 
 import dataclasses
 import functools
+import itertools
 
 import chex
 import jax
@@ -524,8 +525,10 @@ def test_multisfl_equals_loop(case):
 
 
 @pytest.mark.parametrize(("case", "p"), [("adaptive", 0.7), ("floor", 0.04),
-                                         ("authors", 0.6), ("authors", 0.01)])
+                                         ("authors", 0.6), ("authors", 0.01),
+                                         ("fixed-E2", 0.5), ("authors-E2", 0.6)])
 def test_decide_never_replays_active_clients_and_fills_quotas(case, p):
+  """Per branch, in every local epoch (each replays the round's list)."""
   setup = ms_setup(case)
   data = MS_DATA
   st = multisfl.init(setup, jax.random.key(0)).replace(p=jnp.float32(p))
@@ -542,8 +545,10 @@ def test_decide_never_replays_active_clients_and_fills_quotas(case, p):
     requested += int(d.quota.sum())
     active = np.zeros(len(sizes), bool)
     active[d.clients] = True
-    for i in range(3):
-      rv = d.ridx[:, i][d.rmask[:, i]]
+    nb = d.ridx.shape[0] // setup.local_epochs
+    for i, e in itertools.product(range(3), range(setup.local_epochs)):
+      epoch = slice(e * nb, (e + 1) * nb)
+      rv = d.ridx[epoch, i][d.rmask[epoch, i]]
       # the clients that never assist branch i: all main clients, or its own
       barred = active if multisfl.options(setup).assistants == "inactive" else (
           np.arange(len(sizes)) == d.clients[i])
@@ -555,7 +560,7 @@ def test_decide_never_replays_active_clients_and_fills_quotas(case, p):
         assert len(set(rv.tolist())) == len(rv)
         np.testing.assert_array_equal(np.bincount(y[rv], minlength=4), want)
       else:  # a helper batch never repeats a sample; all of them are from the list
-        for t in range(d.ridx.shape[0]):
+        for t in range(e * nb, (e + 1) * nb):
           share = d.ridx[t, i][d.rmask[t, i]]
           assert len(set(share.tolist())) == len(share)
         # distinct replayed samples of a class never exceed the list's count of it
