@@ -629,15 +629,17 @@ def fedmut_starts(setup, part1):
   return starts
 
 
-def fedexp_aggregate(eps):
-  """FedExp's server step on the client portions, looped."""
+def fedexp_aggregate(eps, weights="uniform"):
+  """FedExp's server step on the client portions, looped (``weights =
+  "samples"``: SFL's sample weights for a_i instead of 1/M)."""
   def aggregate(part1, stats1, p1, s1, sizes):
     n = len(p1)
-    w = np.ones(n) / n
+    w = (np.asarray(sizes, np.float64) / np.sum(sizes) if weights == "samples"
+         else np.ones(n) / n)
     deltas = [jax.tree.map(lambda g, c_: g - c_, part1, pc) for pc in p1]
     dbar = ref_avg(deltas, w)
     sq = lambda t_: sum(float(jnp.sum(a_ ** 2)) for a_ in jax.tree.leaves(t_))
-    eta = max(1.0, sum(sq(d_) for d_ in deltas) / (2 * n * (sq(dbar) + eps)))
+    eta = max(1.0, sum(w_ * sq(d_) for w_, d_ in zip(w, deltas)) / (2 * (sq(dbar) + eps)))
     return jax.tree.map(lambda g, d_: g - eta * d_, part1, dbar), ref_avg(s1, w)
   return aggregate
 
@@ -652,7 +654,7 @@ def ref_sfl_form(mod, setup, data, key, rounds):
   if mod is sfl_fedmut:
     kw["starts"] = fedmut_starts(setup, st.part1)
   if mod is sfl_fedexp:
-    kw["aggregate"] = fedexp_aggregate(setup.options.eps)
+    kw["aggregate"] = fedexp_aggregate(setup.options.eps, setup.options.weights)
   (part1, stats1), losses, _ = ref_split(setup, data, key, rounds, st.part1,
                                          st.part1_stats, server, st.label_rank, **kw)
   return (part1, stats1, server.part2, server.stats2), losses
@@ -661,6 +663,7 @@ def ref_sfl_form(mod, setup, data, key, rounds):
 SF_CASES = {
     "sfl_fedntd": (sfl_fedntd, {"beta": 2.0, "tau": 2.0}),
     "sfl_fedexp": (sfl_fedexp, {"eps": 1e-3, "weights": "uniform"}),
+    "sfl_fedexp-samples": (sfl_fedexp, {"eps": 1e-3, "weights": "samples"}),
     "sfl_fedmut": (sfl_fedmut, {"radius": 4.0, "acc_rate": 0.3, "bound": 1}),
 }
 
@@ -669,7 +672,7 @@ SF_CASES = {
 def test_sfl_form_equals_loop(name):
   mod, opts = SF_CASES[name]
   setup = make_setup(tiny_model(), SF_DATA, clients_per_round=3, order="random",
-                     options=get_method(name).options(**opts))
+                     options=get_method(name.split("-")[0]).options(**opts))
   key = jax.random.key(9)
   rnd = jax.jit(lambda s, k: mod.round(setup, s, SF_DATA, k))
   state, losses, ms = mod.init(setup, key), [], []
