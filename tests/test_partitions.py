@@ -220,7 +220,8 @@ def test_label_counts_dominant_labels_index_table():
 
 def test_partitions_registry_defaults_are_used():
   assert set(P.PARTITIONS) == {"iid", "dirichlet", "dominant_label",
-                               "sharding", "exdir", "labelwise", "distribution", "natural"}
+                               "sharding", "exdir", "labelwise", "distribution",
+                               "flower_dirichlet", "natural"}
   a = P.make_partition("dominant_label", Y, 10, seed=0)
   b = P.make_partition("dominant_label", Y, 10, seed=0, p=0.8, phi=1)
   for x, z in zip(a, b):
@@ -366,13 +367,9 @@ def test_labelwise_on_the_cross_check_subset(p):
                                   "ten_labels_twenty_columns"])
 def test_distribution_is_flowers_split(case):
   """The fingerprints were written by Flower Datasets' own
-  DistributionPartitioner (distribution_reference.py) on the same labels,
-  with the Hydra authors' weights and seed 42."""
-  import json
-
-  from conftest import ROOT, load_script
-  mod = load_script("experiments/hydra/authors_code/distribution_reference.py")
-  ref = json.loads((ROOT / "tests/data/distribution_reference.json").read_text())
+  DistributionPartitioner (flower_reference.py) on the same labels, with
+  the Hydra authors' weights and seed 42."""
+  mod, ref = _flower_reference()
   (name, y, K, per, pre), = [c for c in mod.cases() if c[0] == case]
   want = ref["cases"][case]
   parts = P.make_partition("distribution", y, K, seed=ref["seed"], dominant=ref["dominant"],
@@ -383,6 +380,31 @@ def test_distribution_is_flowers_split(case):
   other = P.make_partition("distribution", y, K, seed=ref["seed"] + 1,
                            labels_per_client=per, preassigned=pre)
   assert mod.digest(other) != want["sha256"]  # the remainders land elsewhere
+
+
+def _flower_reference():
+  """flower_reference.py (its labels and fingerprint helper) and the
+  fingerprints it wrote by running Flower's own partitioners."""
+  import json
+
+  from conftest import ROOT, load_script
+  mod = load_script("experiments/hydra/authors_code/flower_reference.py")
+  return mod, json.loads((ROOT / "tests/data/flower_reference.json").read_text())
+
+
+@pytest.mark.parametrize("case", ["alpha0.1", "alpha0.5", "alpha0.3_balanced_min40"])
+def test_flower_dirichlet_is_flowers_split(case):
+  """Fingerprints written by Flower Datasets' DirichletPartitioner on the
+  same labels at seed 42: the authors' min size 0, and a self-balancing
+  case with a min size."""
+  mod, ref = _flower_reference()
+  (_, y, K, alpha, min_size, balancing), = [c for c in mod.dirichlet_cases() if c[0] == case]
+  want = ref["dirichlet"][case]
+  parts = P.make_partition("flower_dirichlet", y, K, seed=ref["seed"], alpha=alpha,
+                           min_size=min_size, self_balancing=balancing)
+  assert [len(p) for p in parts] == want["sizes"]
+  assert mod.digest(parts) == want["sha256"]
+  assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))
 
 
 def test_distribution_with_the_authors_values_is_about_40_percent_dominant():

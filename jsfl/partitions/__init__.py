@@ -21,6 +21,10 @@ each sorted ascending).  Methods and their options, with defaults:
   authors' code draws CIFAR-100's superclass split (each label's samples cut
   in dataset order by a weight matrix, client p taking piece p of each
   label it visits), reproducing Flower's index sets.
+* ``flower_dirichlet(alpha=0.5, min_size=0, self_balancing=False)``:
+  Flower's ``DirichletPartitioner`` as the Hydra authors' code draws its
+  CIFAR-10 Dirichlet splits (each class cut in dataset order by one
+  ``Dir(alpha)`` draw), reproducing Flower's index sets.
 * ``natural(group=False)``: the dataset's own client ids (pass
   ``client_ids``); with ``group`` and fewer clients than ids, each client
   holds a group of ids.
@@ -42,6 +46,7 @@ import numpy as np
 # etc. stay importable as modules.
 from jsfl.partitions import dirichlet as _dirichlet
 from jsfl.partitions import distribution as _distribution
+from jsfl.partitions import flower_dirichlet as _flower_dirichlet
 from jsfl.partitions import dominant_label as _dominant_label
 from jsfl.partitions import exdir as _exdir
 from jsfl.partitions import iid as _iid
@@ -77,6 +82,11 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
         "other": (float, 0.03),
         "labels_per_client": (int, None),
         "preassigned": (int, 20),
+    },
+    "flower_dirichlet": {
+        "alpha": (float, 0.5),
+        "min_size": (int, 0),
+        "self_balancing": (bool, False),
     },
     "natural": {"group": (bool, False)},
 }
@@ -194,7 +204,8 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
   method = {"dirichlet": _dirichlet.dirichlet,
             "dominant_label": _dominant_label.dominant_label,
             "sharding": _dominant_label.sharding,
-            "exdir": _exdir.exdir}[name]
+            "exdir": _exdir.exdir,
+            "flower_dirichlet": _flower_dirichlet.flower_dirichlet}[name]
   return method(labels, num_clients, num_classes, rng, **opts)
 
 

@@ -1,25 +1,28 @@
-"""The client index sets Flower Datasets' ``DistributionPartitioner`` draws
-with the Hydra authors' settings, for jsfl's test that its ``distribution``
-partition is the same split.
+"""The client index sets Flower Datasets' partitioners draw with the Hydra
+authors' settings, for jsfl's tests that its ``distribution`` and
+``flower_dirichlet`` partitions are the same splits.
 
 The authors' ``get_data.py`` sends CIFAR-100's superclass labels through
 Flower's ``DistributionPartitioner`` (weights 0.5 on the diagonal, 0.03
-elsewhere, 20 samples of each label pre-assigned, 20 labels a client, seed
-42). This runs that class from an unpacked flwr-datasets wheel on label
-vectors standing in for the data (the partitioner reads only the label
-column; a small stand-in replaces the ``datasets`` package, which the
-partitioner needs only for its type) and writes, per case, the per-client
-sizes and a SHA-256 of the sorted index lists to
-``tests/data/distribution_reference.json``:
+elsewhere, 20 samples of each label pre-assigned, 20 labels a client) and
+CIFAR-10's Dirichlet splits through its ``DirichletPartitioner``
+(``min_partition_size = 0``), both at Flower's seed 42. This runs those
+classes from an unpacked flwr-datasets wheel on label vectors standing in
+for the data (the partitioners read only the label column; a small
+stand-in replaces the ``datasets`` package, which they need only for its
+type) and writes, per case, the per-client sizes and a SHA-256 of the
+sorted index lists to ``tests/data/flower_reference.json``:
 
     pip download flwr-datasets==0.6.1 --no-deps -d /tmp/flwr
     unzip /tmp/flwr/flwr_datasets-0.6.1-py3-none-any.whl -d /tmp/flwr/src
-    python experiments/hydra/authors_code/distribution_reference.py /tmp/flwr/src
+    python experiments/hydra/authors_code/flower_reference.py /tmp/flwr/src
 
-Cases: 20 superclasses of 2,500 samples in a shuffled order (CIFAR-100's
-train split) on 20 clients; unequal label sizes on 20 clients visiting 10
-labels each (fewer columns than labels); 10 labels on 20 clients visiting
-all 10 (more columns than labels).
+Distribution cases: 20 superclasses of 2,500 samples in a shuffled order
+(CIFAR-100's train split) on 20 clients; unequal label sizes on 20 clients
+visiting 10 labels each (fewer columns than labels); 10 labels on 20 clients
+visiting all 10 (more columns than labels).  Dirichlet cases: 10 unequal
+classes on 10 clients at alpha 0.1 and 0.5 (min size 0, the authors'), and
+at 0.3 with self-balancing and a min size that forces redraws.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
-OUT = os.path.join(ROOT, "tests", "data", "distribution_reference.json")
+OUT = os.path.join(ROOT, "tests", "data", "flower_reference.json")
 
 
 class _Dataset:
@@ -56,16 +59,18 @@ class _Dataset:
     return list(indices)
 
 
-def load_partitioner(src: str):
-  """``DistributionPartitioner`` from the wheel's source, its package
-  initialisers (which import the Hugging Face stack) left unrun."""
+def load_partitioners(src: str):
+  """``DistributionPartitioner`` and ``DirichletPartitioner`` from the
+  wheel's source, its package initialisers (which import the Hugging Face
+  stack) left unrun."""
   sys.modules["datasets"] = types.SimpleNamespace(Dataset=_Dataset)
   for name in ("flwr_datasets", "flwr_datasets.common", "flwr_datasets.partitioner"):
     mod = types.ModuleType(name)
     mod.__path__ = [os.path.join(src, *name.split("."))]
     sys.modules[name] = mod
-  return importlib.import_module(
-      "flwr_datasets.partitioner.distribution_partitioner").DistributionPartitioner
+  part = "flwr_datasets.partitioner."
+  return (importlib.import_module(part + "distribution_partitioner").DistributionPartitioner,
+          importlib.import_module(part + "dirichlet_partitioner").DirichletPartitioner)
 
 
 def digest(parts) -> str:
@@ -86,12 +91,20 @@ def cases():
           ("ten_labels_twenty_columns", ten, 20, 10, 3)]
 
 
+def dirichlet_cases():
+  rng = np.random.default_rng(11)
+  y = rng.permutation(np.repeat(np.arange(10), 150 + 20 * np.arange(10)))
+  return [("alpha0.1", y, 10, 0.1, 0, False), ("alpha0.5", y, 10, 0.5, 0, False),
+          ("alpha0.3_balanced_min40", y, 10, 0.3, 40, True)]
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("src", help="the unpacked flwr-datasets wheel (holds flwr_datasets/)")
   src = ap.parse_args().src
-  Partitioner = load_partitioner(src)
-  out = {"seed": 42, "dominant": 0.5, "other": 0.03, "flwr_datasets": "0.6.1", "cases": {}}
+  Partitioner, Dirichlet = load_partitioners(src)
+  out = {"seed": 42, "dominant": 0.5, "other": 0.03, "flwr_datasets": "0.6.1", "cases": {},
+         "dirichlet": {}}
   for name, labels, K, per, pre in cases():
     L = int(labels.max()) + 1
     C = per * K // L
@@ -105,6 +118,14 @@ def main() -> None:
     parts = [part.load_partition(k) for k in range(K)]
     out["cases"][name] = {"clients": K, "labels_per_client": per, "preassigned": pre,
                           "sizes": [len(p) for p in parts], "sha256": digest(parts)}
+  for name, labels, K, alpha, min_size, balancing in dirichlet_cases():
+    part = Dirichlet(num_partitions=K, partition_by="label", alpha=alpha,
+                     min_partition_size=min_size, self_balancing=balancing, seed=42)
+    part.dataset = _Dataset(labels)
+    parts = [part.load_partition(k) for k in range(K)]
+    out["dirichlet"][name] = {"clients": K, "alpha": alpha, "min_size": min_size,
+                              "self_balancing": balancing,
+                              "sizes": [len(p) for p in parts], "sha256": digest(parts)}
   with open(OUT, "w") as f:
     json.dump(out, f, indent=1)
     f.write("\n")
