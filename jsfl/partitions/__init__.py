@@ -46,9 +46,9 @@ import numpy as np
 # etc. stay importable as modules.
 from jsfl.partitions import dirichlet as _dirichlet
 from jsfl.partitions import distribution as _distribution
-from jsfl.partitions import flower_dirichlet as _flower_dirichlet
 from jsfl.partitions import dominant_label as _dominant_label
 from jsfl.partitions import exdir as _exdir
+from jsfl.partitions import flower_dirichlet as _flower_dirichlet
 from jsfl.partitions import iid as _iid
 from jsfl.partitions import labelwise as _labelwise
 from jsfl.partitions import natural as _natural
