@@ -121,7 +121,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "partition": {
         "name": _f(str, "iid", "partition family (docs/setting.md#partitions)",
                    ("iid", "dirichlet", "dominant_label", "sharding", "exdir", "labelwise",
-                    "distribution", "flower_dirichlet", "natural")),
+                    "distribution", "flower_dirichlet", "flower_shard", "natural")),
         "num_clients": _f(int, 10, "clients K", range="[1, 100000]"),
         "seed": _f(int, -1, "seed of the partition draw: -1 = each run's own seed (a draw "
                    "per seed); >= 0 = this one draw for every seed (the Hydra authors' "

@@ -221,7 +221,7 @@ def test_label_counts_dominant_labels_index_table():
 def test_partitions_registry_defaults_are_used():
   assert set(P.PARTITIONS) == {"iid", "dirichlet", "dominant_label",
                                "sharding", "exdir", "labelwise", "distribution",
-                               "flower_dirichlet", "natural"}
+                               "flower_dirichlet", "flower_shard", "natural"}
   a = P.make_partition("dominant_label", Y, 10, seed=0)
   b = P.make_partition("dominant_label", Y, 10, seed=0, p=0.8, phi=1)
   for x, z in zip(a, b):
@@ -405,6 +405,21 @@ def test_flower_dirichlet_is_flowers_split(case):
   assert [len(p) for p in parts] == want["sizes"]
   assert mod.digest(parts) == want["sha256"]
   assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))
+
+
+@pytest.mark.parametrize("case", ["one_shard_sorted", "one_shard_sorted_k15",
+                                  "three_shards_shuffled"])
+def test_flower_shard_is_flowers_split(case):
+  """Fingerprints written by Flower Datasets' ShardPartitioner (which sorts
+  by label first) on the same labels at seed 42."""
+  mod, ref = _flower_reference()
+  (_, y, K, per), = [c for c in mod.shard_cases() if c[0] == case]
+  want = ref["shard"][case]
+  parts = P.make_partition("flower_shard", y, K, seed=ref["seed"], shards_per_client=per)
+  assert [len(p) for p in parts] == want["sizes"]
+  assert mod.digest(parts) == want["sha256"]
+  if case == "one_shard_sorted":  # one class a client: the authors' Tiny-ImageNet split
+    assert all(len(set(y[p].tolist())) == 1 for p in parts)
 
 
 def test_distribution_with_the_authors_values_is_about_40_percent_dominant():

@@ -25,6 +25,10 @@ each sorted ascending).  Methods and their options, with defaults:
   Flower's ``DirichletPartitioner`` as the Hydra authors' code draws its
   CIFAR-10 Dirichlet splits (each class cut in dataset order by one
   ``Dir(alpha)`` draw), reproducing Flower's index sets.
+* ``flower_shard(shards_per_client=1)``: Flower's ``ShardPartitioner`` as
+  the Hydra authors' code draws Tiny-ImageNet's "sharding" (shards of
+  consecutive samples in stored order, permuted), reproducing Flower's
+  index sets.
 * ``natural(group=False)``: the dataset's own client ids (pass
   ``client_ids``); with ``group`` and fewer clients than ids, each client
   holds a group of ids.
@@ -49,6 +53,7 @@ from jsfl.partitions import distribution as _distribution
 from jsfl.partitions import dominant_label as _dominant_label
 from jsfl.partitions import exdir as _exdir
 from jsfl.partitions import flower_dirichlet as _flower_dirichlet
+from jsfl.partitions import flower_shard as _flower_shard
 from jsfl.partitions import iid as _iid
 from jsfl.partitions import labelwise as _labelwise
 from jsfl.partitions import natural as _natural
@@ -88,6 +93,7 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
         "min_size": (int, 0),
         "self_balancing": (bool, False),
     },
+    "flower_shard": {"shards_per_client": (int, 1)},
     "natural": {"group": (bool, False)},
 }
 
@@ -205,7 +211,8 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
             "dominant_label": _dominant_label.dominant_label,
             "sharding": _dominant_label.sharding,
             "exdir": _exdir.exdir,
-            "flower_dirichlet": _flower_dirichlet.flower_dirichlet}[name]
+            "flower_dirichlet": _flower_dirichlet.flower_dirichlet,
+            "flower_shard": _flower_shard.flower_shard}[name]
   return method(labels, num_clients, num_classes, rng, **opts)
 
 

@@ -6,7 +6,8 @@ The authors' ``get_data.py`` sends CIFAR-100's superclass labels through
 Flower's ``DistributionPartitioner`` (weights 0.5 on the diagonal, 0.03
 elsewhere, 20 samples of each label pre-assigned, 20 labels a client) and
 CIFAR-10's Dirichlet splits through its ``DirichletPartitioner``
-(``min_partition_size = 0``), both at Flower's seed 42. This runs those
+(``min_partition_size = 0``) and Tiny-ImageNet's "sharding" through its
+``ShardPartitioner`` (one shard a client), all at Flower's seed 42. This runs those
 classes from an unpacked flwr-datasets wheel on label vectors standing in
 for the data (the partitioners read only the label column; a small
 stand-in replaces the ``datasets`` package, which they need only for its
@@ -22,7 +23,9 @@ Distribution cases: 20 superclasses of 2,500 samples in a shuffled order
 visiting 10 labels each (fewer columns than labels); 10 labels on 20 clients
 visiting all 10 (more columns than labels).  Dirichlet cases: 10 unequal
 classes on 10 clients at alpha 0.1 and 0.5 (min size 0, the authors'), and
-at 0.3 with self-balancing and a min size that forces redraws.
+at 0.3 with self-balancing and a min size that forces redraws.  Shard
+cases: class-by-class labels on 20 and 15 clients (one shard each, leaving
+samples unheld), and shuffled labels with three shards a client.
 """
 
 from __future__ import annotations
@@ -43,11 +46,17 @@ OUT = os.path.join(ROOT, "tests", "data", "flower_reference.json")
 
 
 class _Dataset:
-  """What the partitioner reads of a ``datasets.Dataset``: one column."""
+  """What the partitioners read of a ``datasets.Dataset``: one column, and
+  (``ShardPartitioner``) a sort by it, stable as Arrow's; ``select`` gives
+  the rows' indices in the original order."""
 
-  def __init__(self, labels):
+  def __init__(self, labels, rows=None):
     self.labels = [int(v) for v in labels]
+    self.rows = list(range(len(self.labels))) if rows is None else rows
     self.num_rows = len(self.labels)
+
+  def __len__(self):
+    return self.num_rows
 
   def unique(self, column):
     return sorted(set(self.labels))
@@ -55,13 +64,17 @@ class _Dataset:
   def __getitem__(self, column):
     return self.labels
 
+  def sort(self, column):
+    order = np.argsort(self.labels, kind="stable")
+    return _Dataset([self.labels[i] for i in order], [self.rows[i] for i in order])
+
   def select(self, indices):
-    return list(indices)
+    return [self.rows[i] for i in indices]
 
 
 def load_partitioners(src: str):
-  """``DistributionPartitioner`` and ``DirichletPartitioner`` from the
-  wheel's source, its package initialisers (which import the Hugging Face
+  """``DistributionPartitioner``, ``DirichletPartitioner`` and
+  ``ShardPartitioner`` from the wheel's source, its package initialisers (which import the Hugging Face
   stack) left unrun."""
   sys.modules["datasets"] = types.SimpleNamespace(Dataset=_Dataset)
   for name in ("flwr_datasets", "flwr_datasets.common", "flwr_datasets.partitioner"):
@@ -70,7 +83,8 @@ def load_partitioners(src: str):
     sys.modules[name] = mod
   part = "flwr_datasets.partitioner."
   return (importlib.import_module(part + "distribution_partitioner").DistributionPartitioner,
-          importlib.import_module(part + "dirichlet_partitioner").DirichletPartitioner)
+          importlib.import_module(part + "dirichlet_partitioner").DirichletPartitioner,
+          importlib.import_module(part + "shard_partitioner").ShardPartitioner)
 
 
 def digest(parts) -> str:
@@ -98,13 +112,20 @@ def dirichlet_cases():
           ("alpha0.3_balanced_min40", y, 10, 0.3, 40, True)]
 
 
+def shard_cases():
+  """Labels stored class by class (Tiny-ImageNet's layout) and shuffled."""
+  by_class = np.repeat(np.arange(20), 50)
+  return [("one_shard_sorted", by_class, 20, 1), ("one_shard_sorted_k15", by_class, 15, 1),
+          ("three_shards_shuffled", np.random.default_rng(3).permutation(by_class), 10, 3)]
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("src", help="the unpacked flwr-datasets wheel (holds flwr_datasets/)")
   src = ap.parse_args().src
-  Partitioner, Dirichlet = load_partitioners(src)
+  Partitioner, Dirichlet, Shard = load_partitioners(src)
   out = {"seed": 42, "dominant": 0.5, "other": 0.03, "flwr_datasets": "0.6.1", "cases": {},
-         "dirichlet": {}}
+         "dirichlet": {}, "shard": {}}
   for name, labels, K, per, pre in cases():
     L = int(labels.max()) + 1
     C = per * K // L
@@ -126,6 +147,13 @@ def main() -> None:
     out["dirichlet"][name] = {"clients": K, "alpha": alpha, "min_size": min_size,
                               "self_balancing": balancing,
                               "sizes": [len(p) for p in parts], "sha256": digest(parts)}
+  for name, labels, K, per in shard_cases():
+    part = Shard(num_partitions=K, partition_by="label", num_shards_per_partition=per,
+                 seed=42)
+    part.dataset = _Dataset(labels)
+    parts = [part.load_partition(k) for k in range(K)]
+    out["shard"][name] = {"clients": K, "shards_per_client": per,
+                          "sizes": [len(p) for p in parts], "sha256": digest(parts)}
   with open(OUT, "w") as f:
     json.dump(out, f, indent=1)
     f.write("\n")
