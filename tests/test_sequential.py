@@ -427,7 +427,14 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None, steps=
         lsum += float(loss) * mask[t, c].sum()
       params, stats = p, s
       models.append((p, s))
-      if cwc_opts:
+      if cwc_opts and cwc_opts.get("fisher") == "sample":  # per-sample squares
+        nb = idx.shape[0] // setup.local_epochs
+        sq = [_fisher_grads(model, p, s, *gather(data, idx[t, c]), jnp.asarray(mask[t, c]), True)
+              for t in range(nb) if mask[t, c].any()]
+        n = sum(float(mask[t, c].sum()) for t in range(nb))
+        fisher = jax.tree.map(lambda *a: sum(a) / n, *sq)
+        importance = jax.tree.map(jnp.add, importance, fisher)
+      elif cwc_opts:
         nb = idx.shape[0] // setup.local_epochs
         sq = [ref_batch_sq_grad(model, p, s, *gather(data, idx[t, c]), mask[t, c])
               for t in range(nb) if mask[t, c].any()]
@@ -718,11 +725,13 @@ def test_kd_baseline_loss_hand_computed():
                              rtol=1e-4, atol=1e-7)
 
 
-def test_cwc_equals_loop():
+@pytest.mark.parametrize("fisher", ["batch", "sample"])
+def test_cwc_equals_loop(fisher):
   """CWC's penalty and importance bookkeeping against the loop, with a
-  penalty strong enough to move the models away from FedSeq's."""
+  penalty strong enough to move the models away from FedSeq's; the Fisher
+  from mini-batch or per-sample squared gradients."""
   data = make_fed_data(DATA_SIZES)
-  opts = {"lam": 1.0, "sigma": 0.5}  # lr * lam * max(C) ~ 0.05 < 1: stable
+  opts = {"lam": 1.0, "sigma": 0.5, "fisher": fisher}  # lr lam max(C) ~ 0.05 < 1: stable
   setup = seq_setup(data, options=CWCOptions(**opts))
   key = jax.random.key(10)
   state, losses, metrics = run_logged(cwc, setup, data, key, 2)
