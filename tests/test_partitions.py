@@ -392,7 +392,8 @@ def _flower_reference():
   return mod, json.loads((ROOT / "tests/data/flower_reference.json").read_text())
 
 
-@pytest.mark.parametrize("case", ["alpha0.1", "alpha0.5", "alpha0.3_balanced_min40"])
+@pytest.mark.parametrize("case", ["alpha0.1", "alpha0.5", "alpha0.3_balanced_min40",
+                                  "alpha0.3_balanced_k20"])
 def test_flower_dirichlet_is_flowers_split(case):
   """Fingerprints written by Flower Datasets' DirichletPartitioner on the
   same labels at seed 42: the authors' min size 0, and a self-balancing

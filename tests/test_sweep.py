@@ -779,6 +779,30 @@ fedavg = {name = "fedavg", "method.name" = "sfl"}
 """)
   assert cli.main(["sweep", bad, "--dry-run"]) == 2
   assert "sets method.name twice" in capsys.readouterr().err
+  clash = write_sweep(tmp_path / "c.toml", tmp_path / "out", """
+[grid]
+"optim.weight_decay" = [0.001, 0.002]
+[grid.method]
+fedavg = {name = "fedavg", "optim.weight_decay" = 0.0}
+""")
+  assert cli.main(["sweep", clash, "--dry-run"]) == 2
+  err = capsys.readouterr().err
+  assert "sets optim.weight_decay on more than one axis" in err and len(err.splitlines()) == 1
+
+
+def test_what_a_killed_write_leaves_is_a_runs_not_the_users(tmp_path, capsys):
+  """A cell directory holding only ``config.json.tmp<pid>`` (a kill during
+  the run's first write) or a lock is the sweep's to replace; --dry-run
+  plans under a directory it could not write."""
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", '[grid]\n"optim.lr" = [0.1]')
+  cell = tmp_path / "out" / "t" / "optim.lr=0.1"
+  cell.mkdir(parents=True)
+  (cell / "config.json.tmp4242").write_text("{")
+  (cell / ".lock").write_text("")
+  assert cli.main(["sweep", path, "--dry-run"]) == 0
+  (cell / "notes.txt").write_text("mine")
+  assert cli.main(["sweep", path, "--dry-run"]) == 2
+  assert "notes.txt" in capsys.readouterr().err
 
 
 def test_config_diff_leaves_out_how_evaluation_is_lowered_and_chunked(tmp_path):
@@ -841,3 +865,27 @@ def test_a_config_from_before_optim_clip_norm_clipped_nothing(tmp_path):
   assert sweep.config_diff(str(run), cfg) == []
   resumed, _ = lifecycle.read_run_config(str(run), None)
   assert resumed["optim"]["clip_norm"] == 0.0
+
+
+def test_a_program_has_progress_only_with_a_checkpoint_of_these_cells(tmp_path):
+  """An empty checkpoints/ (made at the start, before round 1's save) is no
+  progress, nor is one of cells configured otherwise: such a program is
+  planned anew, its done cells not trained again."""
+  from jsfl.sweep.plan import has_progress
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", '[grid]\n"optim.lr" = [0.1, 0.2]')
+  sw = sweep.load_sweep(path)
+  sweep.resolve(sw)
+  (unit,) = sweep.plan(sw, sw.cells)
+  assert unit.batched
+  os.makedirs(os.path.join(unit.dir, "checkpoints"))
+  cells = [{"name": c.name, "config": c.cfg} for c in unit.cells]
+  with open(os.path.join(unit.dir, "config.json"), "w") as f:
+    json.dump({"config": unit.cfg, "cells": cells}, f)
+  assert not has_progress(unit)
+  os.makedirs(os.path.join(unit.dir, "checkpoints", "3"))
+  assert has_progress(unit)
+  cells[1]["config"] = {**cells[1]["config"], "optim": {**cells[1]["config"]["optim"],
+                                                        "lr": 0.3}}
+  with open(os.path.join(unit.dir, "config.json"), "w") as f:
+    json.dump({"config": unit.cfg, "cells": cells}, f)
+  assert not has_progress(unit)

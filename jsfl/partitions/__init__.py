@@ -168,8 +168,9 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
 
   Returns:
     K disjoint int64 index arrays into ``labels``, each sorted ascending.
-    All methods except ``natural`` with fewer clients than ids and
-    ``labelwise`` (its rounding) cover every sample.
+    All methods except ``natural`` with fewer clients than ids,
+    ``labelwise`` (its rounding) and ``flower_shard`` (the samples past
+    the last whole shard) cover every sample.
 
   Raises:
     ValueError: unknown name or option, an option of the wrong type, or an

@@ -20,7 +20,9 @@ import numpy as np
 
 from jsfl.partitions.iid import class_indices, split_by_owner
 
-MAX_TRIES = 10_000
+# Flower gives up after its eleventh draw; so does this (a split past it is
+# one Flower never returns).
+MAX_DRAWS = 11
 
 
 def flower_dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
@@ -43,8 +45,8 @@ def flower_dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
     sample.
 
   Raises:
-    ValueError: alpha <= 0 or not finite, min_size < 0, or no draw within
-      :data:`MAX_TRIES` meets ``min_size``.
+    ValueError: alpha <= 0 or not finite, min_size < 0, or none of
+      :data:`MAX_DRAWS` draws meets ``min_size`` (Flower raises then too).
   """
   if not (np.isfinite(alpha) and alpha > 0):
     raise ValueError(f"flower_dirichlet.alpha={alpha}; allowed: a float > 0")
@@ -54,14 +56,16 @@ def flower_dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
   by_class = [ix for ix in class_indices(labels, num_classes) if len(ix)]
   share = len(labels) / K
   concentration = np.full(K, float(alpha))
-  for _ in range(MAX_TRIES):
+  for _ in range(MAX_DRAWS):
     owner = np.full(len(labels), -1, dtype=np.int64)
     held = np.zeros(K, dtype=np.int64)
     for ix in by_class:
       props = rng.dirichlet(concentration)
       if self_balancing:  # before this class: who is past an even share
         props = np.where(held > share, 0.0, props)
-        props = props / props.sum()
+        # Python's left-to-right sum, as Flower's: numpy's pairwise sum can
+        # differ in the last bit and move a cut by a sample
+        props = props / sum(props.tolist())
       # Flower's float steps: cumulative fractions times the class size,
       # truncated, the last cut dropped
       cuts = (np.cumsum(props) * len(ix)).astype(int)[:-1]
@@ -70,6 +74,6 @@ def flower_dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
         held[k] += len(piece)
     if held.min() >= min_size:
       return split_by_owner(owner, K)
-  raise ValueError(f"flower_dirichlet: no draw in {MAX_TRIES} gives every client "
+  raise ValueError(f"flower_dirichlet: no draw of {MAX_DRAWS} gives every client "
                    f"min_size={min_size} samples at alpha={alpha}; allowed: a smaller "
                    "min_size or a larger alpha")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 from jsfl import config as config_lib
@@ -72,7 +73,7 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
       c.cfg["exec"]["progress"] = False
   programs = shard(plan(sweep, sweep.cells, per_cell=per_cell), i, n)
   mine = sorted((c for u in programs for c in u.cells), key=lambda c: c.index)
-  check_dirs(sweep, programs)
+  check_dirs(sweep, programs, writing=not dry_run)
   if dry_run:
     print_plan(sweep, mine, programs, (i, n), log)
     return 0
@@ -96,17 +97,31 @@ def main(path: str, shard_spec: str | None = None, collect_only: bool = False,
   return 0
 
 
-def check_dirs(sweep, programs: list[Unit]) -> None:
+# What a killed atomic write leaves beside the file it was replacing
+# (rundir's ``<name>.tmp<pid>``): a run's, not the user's.
+_WRITE_LEFTOVER = re.compile(r".+\.tmp\d+$")
+
+
+def check_dirs(sweep, programs: list[Unit], writing: bool = True) -> None:
   """Raises :class:`SweepError` before anything runs where the sweep could
-  not write, or would replace what is not a jsfl run: a sweep directory or
-  a cell's that is a file, a cell directory with files but no run in it
-  (the sweep replaces a partial run it cannot resume, never other files)."""
-  root = sweep.root
+  not write (``writing``: not for ``--dry-run``), or would replace what is
+  not a jsfl run: a sweep directory or a cell's that is a file, a cell
+  directory holding files but no run (the sweep replaces a partial run it
+  cannot resume, never other files; a killed write's leftovers are a
+  run's)."""
+  root, key = sweep.root, "the sweep directory (out_dir/name)"
   if os.path.lexists(root) and not os.path.isdir(root):
-    raise SweepError(f"sweep directory {root!r} exists and is not a directory; allowed: "
-                     "a directory, made if missing ([sweep] out_dir or --out-dir)")
-  rundir.check_parent(root, "sweep.out_dir", error=SweepError)
-  rundir.check_globless(root, "sweep.out_dir", error=SweepError)
+    raise SweepError(f"{key} {root!r} exists and is not a directory; allowed: a "
+                     "directory, made if missing ([sweep] out_dir or --out-dir)")
+  if writing and not os.path.isdir(root):
+    rundir.check_parent(root, key, error=SweepError)
+  above = os.path.abspath(root)
+  while not os.path.lexists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):  # a plan under a file is no plan either
+    raise SweepError(f"{key} {root!r}: {above!r} is not a directory; allowed: a path "
+                     "under a directory ([sweep] out_dir or --out-dir)")
+  rundir.check_globless(root, key, error=SweepError)
   for u in programs:
     for d in dict.fromkeys([u.dir] + [c.dir for c in u.cells]):
       if not os.path.lexists(d):
@@ -114,12 +129,12 @@ def check_dirs(sweep, programs: list[Unit]) -> None:
       if not os.path.isdir(d):
         raise SweepError(f"{d!r} exists and is not a directory; allowed: nothing there "
                          "or a run directory of this sweep (move the file away)")
-      if (rundir.listing(d) and not os.path.exists(os.path.join(d, "config.json"))
+      alien = [n for n in rundir.listing(d) if not _WRITE_LEFTOVER.fullmatch(n)]
+      if (alien and not os.path.exists(os.path.join(d, "config.json"))
           and not os.path.exists(os.path.join(d, "metrics.jsonl"))):
-        some = ", ".join(sorted(rundir.listing(d))[:3])
-        raise SweepError(f"{d!r} holds files that are not a jsfl run ({some}); allowed: "
-                         "an empty directory or a run directory of this sweep (move "
-                         "those files away)")
+        raise SweepError(f"{d!r} holds files that are not a jsfl run "
+                         f"({', '.join(sorted(alien)[:3])}); allowed: an empty directory or "
+                         "a run directory of this sweep (move those files away)")
 
 
 def print_plan(sweep, mine, programs, shard_in, log) -> None:

@@ -23,6 +23,7 @@ from jsfl.sweep.plan import (
   has_progress,
   plan,
   read_json,
+  same_cells,
   seed_text,
   status,
   unit_seeds,
@@ -178,19 +179,6 @@ def train_unit(unit: Unit, log) -> None:
                    (diverged.diverged if diverged is not None else {}), d)
 
 
-def same_cells(run_dir: str, unit: Unit) -> bool:
-  """Whether a program's directory holds these cells with these configs."""
-  meta = read_json(os.path.join(run_dir, "config.json")) or {}
-  have = meta.get("cells")
-  if not unit.batched:
-    return have is None
-  if not isinstance(have, list) or [c.get("name") for c in have] != [
-      c.name for c in unit.cells]:
-    return False
-  return all(isinstance(h.get("config"), dict) and not fields_differing(h["config"], c.cfg)
-             for h, c in zip(have, unit.cells, strict=True))
-
-
 def accuracy_text(run_dir: str) -> str:
   summ = read_json(os.path.join(run_dir, "summary.json")) or {}
   acc = summ.get("accuracy") or {}
@@ -224,7 +212,7 @@ def validate_units(sweep: Sweep, units: list[Unit], log=None) -> list[Unit]:
     if u.slots <= fit or not u.batched:
       out.append(u)
       continue
-    if has_progress(u) and same_cells(u.dir, u):  # planned so on another device
+    if has_progress(u):  # planned so on another device
       if log is not None:
         log(f"memory guard: {u.slots} slots of {u.cells[0].name} and {len(u.cells) - 1} "
             f"more cells would not fit the device (about {fit} do: {memory_text(exp)}), "

@@ -306,6 +306,12 @@ def load_sweep(path: str, out_dir: str | None = None) -> Sweep:
   if axes:
     for combo in itertools.product(*(sets for _, sets in axes)):
       pairs = [pair for ps, _ in combo for pair in ps]
+      keys = [k for k, _ in pairs]
+      twice = sorted({k for k in keys if keys.count(k) > 1})
+      if twice:  # two axes (a value set and a key axis) setting one field
+        raise SweepError(f"sweep {path}: [grid] sets {', '.join(twice)} on more than one "
+                         "axis (a cell would take the last); allowed: each key on one "
+                         "axis, or in one value set")
       parts = ([p for ps, label in combo for p in ([label] if label else ps)]
                if any(label for _, label in combo) else None)
       assigned.append((pairs, None, parts))

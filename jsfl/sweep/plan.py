@@ -10,7 +10,7 @@ import json
 import math
 import os
 
-from jsfl import config, slots
+from jsfl import config, rundir, slots
 from jsfl import config as config_lib
 from jsfl.sweep.format import Cell, Sweep
 
@@ -153,13 +153,27 @@ def plan(sweep: Sweep, cells: list[Cell], max_slots: int | None = None,
   return units
 
 
+def same_cells(run_dir: str, unit: Unit) -> bool:
+  """Whether a program's directory holds these cells with these configs."""
+  meta = read_json(os.path.join(run_dir, "config.json")) or {}
+  have = meta.get("cells")
+  if not unit.batched:
+    return have is None
+  if not isinstance(have, list) or [c.get("name") for c in have] != [
+      c.name for c in unit.cells]:
+    return False
+  return all(isinstance(h.get("config"), dict) and not fields_differing(h["config"], c.cfg)
+             for h, c in zip(have, unit.cells, strict=True))
+
+
 def has_progress(unit: Unit) -> bool:
-  """A program of several cells whose directory holds training to keep:
-  checkpoints to resume, or every round trained (killed while its cells
-  were being split out)."""
+  """A program of several cells whose directory holds training to keep, for
+  these cells as configured: a checkpoint to resume, or every round trained
+  (killed while its cells were being split out)."""
   return unit.batched and (
-      os.path.isdir(os.path.join(unit.dir, "checkpoints"))
-      or finished_run(unit.dir, config_lib.typed(unit.cfg).run.rounds))
+      rundir.checkpointed_round(unit.dir) is not None
+      or finished_run(unit.dir, config_lib.typed(unit.cfg).run.rounds)) and same_cells(
+          unit.dir, unit)
 
 
 def pending(units: list[Unit]) -> list[Unit]:

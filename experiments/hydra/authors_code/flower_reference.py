@@ -23,7 +23,8 @@ Distribution cases: 20 superclasses of 2,500 samples in a shuffled order
 visiting 10 labels each (fewer columns than labels); 10 labels on 20 clients
 visiting all 10 (more columns than labels).  Dirichlet cases: 10 unequal
 classes on 10 clients at alpha 0.1 and 0.5 (min size 0, the authors'), and
-at 0.3 with self-balancing and a min size that forces redraws.  Shard
+at 0.3 with self-balancing and a min size that forces redraws, and with
+self-balancing on 20 clients where the rescaling's summation order matters.  Shard
 cases: class-by-class labels on 20 and 15 clients (one shard each, leaving
 samples unheld), and shuffled labels with three shards a client.
 """
@@ -108,8 +109,10 @@ def cases():
 def dirichlet_cases():
   rng = np.random.default_rng(11)
   y = rng.permutation(np.repeat(np.arange(10), 150 + 20 * np.arange(10)))
+  sums = np.repeat(np.arange(10), 100 + 20 * np.arange(10))  # K = 20: numpy's sum differs
   return [("alpha0.1", y, 10, 0.1, 0, False), ("alpha0.5", y, 10, 0.5, 0, False),
-          ("alpha0.3_balanced_min40", y, 10, 0.3, 40, True)]
+          ("alpha0.3_balanced_min40", y, 10, 0.3, 40, True),
+          ("alpha0.3_balanced_k20", sums, 20, 0.3, 0, True)]
 
 
 def shard_cases():
