@@ -17,7 +17,6 @@ from jsfl.sweep.plan import (
   DONE,
   Unit,
   config_diff,
-  fields_differing,
   finished,
   finished_run,
   has_progress,
