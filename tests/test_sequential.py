@@ -518,11 +518,11 @@ def test_watched_sequential_round_equals_loop(mod, steps):
 KD = {"m": 2, "alpha": 1.0, "beta": 8.0, "t": 4.0}
 
 
-def sfedkd_against_loop(data, setup, key):
+def sfedkd_against_loop(data, setup, key, kd=KD):
   """Three SFedKD rounds and the loop's: the same models and losses; the
   rounds' metrics and the loop's logged decisions for more checks."""
   state, losses, metrics = run_logged(sfedkd, setup, data, key, 3)
-  (p, s, _), ref_losses, logs = ref_sequential(sfedkd, setup, data, key, 3, kd=KD)
+  (p, s, _), ref_losses, logs = ref_sequential(sfedkd, setup, data, key, 3, kd=kd)
   chex.assert_trees_all_close(state.params, p, **TOL)
   chex.assert_trees_all_close(state.stats, s, **TOL)
   np.testing.assert_allclose(losses, ref_losses, **TOL)
@@ -552,13 +552,8 @@ def test_sfedkd_equals_loop_at_other_options():
         "selection_metric": "l2", "eps": 0.2, "smooth": 0.01, "nc_equal": True}
   opts = SFedKDOptions(num_teachers=2, alpha_t=0.5, beta_t=3.0, temperature=2.0, eps=0.2,
                        smooth=0.01, metric="l1", selection_metric="l2", nc_weights="equal")
-  setup = seq_setup(data, options=opts)
-  key = jax.random.key(8)
-  state, losses, metrics = run_logged(sfedkd, setup, data, key, 3)
-  (p, s, _), ref_losses, logs = ref_sequential(sfedkd, setup, data, key, 3, kd=kd)
-  chex.assert_trees_all_close(state.params, p, **TOL)
-  chex.assert_trees_all_close(state.stats, s, **TOL)
-  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  metrics, logs = sfedkd_against_loop(data, seq_setup(data, options=opts),
+                                      jax.random.key(8), kd)
   for m, (teachers, w_tc, w_nc) in zip(metrics[1:], logs):
     assert m["teachers"].tolist() == np.asarray(teachers).tolist()
     np.testing.assert_allclose(m["teacher_weights_tc"], w_tc, rtol=1e-4)
