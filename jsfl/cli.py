@@ -151,8 +151,8 @@ def _parser() -> argparse.ArgumentParser:
                      description=PARTITION_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
   q.add_argument("dataset", help="dataset name, e.g. fashion_mnist or synthetic")
-  q.add_argument("name", help="partition family: iid, dirichlet, dominant_label, "
-                 "sharding, exdir, labelwise, natural")
+  from jsfl.partitions import PARTITIONS
+  q.add_argument("name", help=f"partition family: {', '.join(PARTITIONS)}")
   q.add_argument("options", nargs="*", metavar="key=value",
                  help="partition options, e.g. alpha=0.1 or p=0.8 phi=1; dataset.KEY=VALUE "
                  "are dataset options, e.g. dataset.path=DIR")
