@@ -31,7 +31,6 @@ does not depend on the data.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
@@ -41,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jsfl import report, statistics
+from jsfl import report, rundir, statistics
 
 DPI = 100
 SIZES = {  # inches; pixels = inches * DPI
@@ -87,16 +86,9 @@ def _figure(kind: str):
 
 
 def _save(fig, path: str) -> str:
-  """Written aside and renamed: a killed ``jsfl plot`` leaves the old PNG or
-  the new one, never half of one."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  try:
-    fig.savefig(tmp, dpi=DPI, format="png")
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    raise
+  """Written aside and renamed (:func:`jsfl.rundir.replace_atomic`): a killed
+  ``jsfl plot`` leaves the old PNG or the new one, never half of one."""
+  rundir.replace_atomic(path, lambda f: fig.savefig(f, dpi=DPI, format="png"), "wb")
   return path
 
 

@@ -48,7 +48,7 @@ def _clean(obj):
   return obj
 
 
-def _replace_atomic(path: str, write, mode: str = "w") -> None:
+def replace_atomic(path: str, write, mode: str = "w") -> None:
   """``write(f)`` into a temporary file beside ``path``, then rename it over
   ``path``; on any failure (a full disk) the temporary file is removed and
   ``path`` stays as it was."""
@@ -68,12 +68,12 @@ def _replace_atomic(path: str, write, mode: str = "w") -> None:
 
 
 def write_json_atomic(path: str, obj) -> None:
-  _replace_atomic(path, lambda f: json.dump(_clean(obj), f, indent=1))
+  replace_atomic(path, lambda f: json.dump(_clean(obj), f, indent=1))
 
 
 def write_npz_atomic(path: str, arrays: dict) -> None:
   """``arrays`` as an uncompressed ``.npz`` at ``path``, replaced atomically."""
-  _replace_atomic(path, lambda f: np.savez(f, **arrays), "wb")
+  replace_atomic(path, lambda f: np.savez(f, **arrays), "wb")
 
 
 def glob_class(path: str) -> str | None:
@@ -124,19 +124,32 @@ def check_target(out_dir: str, name: str, exact: str = "") -> None:
   check_parent(os.path.join(out_dir, name or "run"), "run.out_dir")
 
 
+def existing_ancestor(path: str) -> str:
+  """The nearest path at or above ``path`` (made absolute) that exists."""
+  p = os.path.abspath(path)
+  while not os.path.lexists(p):
+    p = os.path.dirname(p)
+  return p
+
+
+def unmakeable(path: str) -> str | None:
+  """Why ``path`` could not be made (its nearest existing ancestor is not a
+  directory, or not writable), or None; creates nothing."""
+  parent = existing_ancestor(os.path.dirname(os.path.abspath(path)))
+  if not os.path.isdir(parent):
+    return f"{parent!r} is not a directory"
+  if not os.access(parent, os.W_OK | os.X_OK):
+    return f"{parent!r} is not writable"
+  return None
+
+
 def check_parent(path: str, key: str, error=RunDirError) -> None:
   """The nearest existing ancestor of ``path`` must be a writable directory
   (so ``path`` can be made); raises ``error`` naming ``key=path`` otherwise."""
-  parent = os.path.dirname(os.path.abspath(path))
-  while not os.path.lexists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    raise error(f"{key}={path!r}: {parent!r} is not a directory; allowed: a path "
-                "under a directory")
-  if not os.access(parent, os.W_OK | os.X_OK):
-    raise error(f"{key}={path!r}: {parent!r} is not writable; allowed: a path "
-                "under a writable directory")
-
+  why = unmakeable(path)
+  if why is not None:
+    kind = "writable " if why.endswith("writable") else ""
+    raise error(f"{key}={path!r}: {why}; allowed: a path under a {kind}directory")
 
 
 def listing(path: str) -> list[str]:
@@ -342,7 +355,7 @@ def truncate_metrics(path: str, last_round: int) -> list[dict]:
   dropped with the later rounds.  A missing file counts as empty.
   """
   kept, lines = _records_upto(path, last_round)
-  _replace_atomic(path, lambda f: f.writelines(lines))
+  replace_atomic(path, lambda f: f.writelines(lines))
   return kept
 
 

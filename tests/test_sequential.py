@@ -429,7 +429,7 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None, steps=
       models.append((p, s))
       if cwc_opts and cwc_opts.get("fisher") == "sample":  # per-sample squares
         nb = idx.shape[0] // setup.local_epochs
-        sq = [_fisher_grads(model, p, s, *gather(data, idx[t, c]), jnp.asarray(mask[t, c]), True)
+        sq = [_sample_sq_grads(model, p, s, *gather(data, idx[t, c]), jnp.asarray(mask[t, c]))
               for t in range(nb) if mask[t, c].any()]
         n = sum(float(mask[t, c].sum()) for t in range(nb))
         fisher = jax.tree.map(lambda *a: sum(a) / n, *sq)
@@ -855,14 +855,12 @@ def _ntd_grad(model, p, s, x, y, m, g_params, g_stats, beta_tau):
   return ce, extra, ns, g
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6))
-def _fisher_grads(model, p, s, x, y, m, per_sample):
-  """Squared gradients of the eval-mode cross-entropy: of the batch mean, or
-  summed over the valid samples one by one."""
+@functools.partial(jax.jit, static_argnums=(0,))
+def _sample_sq_grads(model, p, s, x, y, m):
+  """Squared gradients of the eval-mode cross-entropy of each valid sample,
+  summed (``ref_batch_sq_grad``: of the batch mean)."""
   def ce(p_, xx, yy, mm):
     return masked_cross_entropy(model.apply(p_, s, xx, train=False)[0], yy, mm)
-  if not per_sample:
-    return jax.tree.map(jnp.square, jax.grad(ce)(p, x, y, m))
   total = jax.tree.map(jnp.zeros_like, p)
   for i in range(x.shape[0]):
     g = jax.grad(ce)(p, x[i:i + 1], y[i:i + 1], jnp.ones((1,), bool))
@@ -938,7 +936,8 @@ def ref_parallel(setup, data, key, rounds, method, term=True):
           if not m.any():
             continue
           x, y = gather(data, idx[t, c])
-          sq = _fisher_grads(model, p, s, x, y, jnp.asarray(m), o.fisher == "sample")
+          sq = (_sample_sq_grads(model, p, s, x, y, jnp.asarray(m)) if o.fisher == "sample"
+                else ref_batch_sq_grad(model, p, s, x, y, m))
           tot = jax.tree.map(jnp.add, tot, sq)
           cnt += float(m.sum()) if o.fisher == "sample" else 1.0
         fisher_now.append((cid, jax.tree.map(lambda a: a / max(cnt, 1.0), tot), p))

@@ -115,10 +115,7 @@ def check_dirs(sweep, programs: list[Unit], writing: bool = True) -> None:
                      "directory, made if missing ([sweep] out_dir or --out-dir)")
   if writing and not os.path.isdir(root):
     rundir.check_parent(root, key, error=SweepError)
-  above = os.path.abspath(root)
-  while not os.path.lexists(above):
-    above = os.path.dirname(above)
-  if not os.path.isdir(above):  # a plan under a file is no plan either
+  elif not os.path.isdir(above := rundir.existing_ancestor(root)):  # a plan under a file
     raise SweepError(f"{key} {root!r}: {above!r} is not a directory; allowed: a path "
                      "under a directory ([sweep] out_dir or --out-dir)")
   rundir.check_globless(root, key, error=SweepError)

@@ -24,6 +24,8 @@ import sys
 
 import jax
 
+from jsfl import rundir
+
 # Programs that compile faster than this are not worth a disk entry; the
 # rounds, evaluations and initialisations of a run all take longer.
 MIN_COMPILE_S = 0.2
@@ -65,16 +67,7 @@ def unusable(path: str) -> str | None:
     if not os.path.isdir(path):
       return "it is not a directory"
     return None if os.access(path, os.W_OK | os.X_OK) else "it is not writable"
-  parent = os.path.dirname(path)
-  while parent and not os.path.lexists(parent):
-    if os.path.dirname(parent) == parent:
-      break
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    return f"{parent!r} is not a directory"
-  if not os.access(parent, os.W_OK | os.X_OK):
-    return f"{parent!r} is not writable"
-  return None
+  return rundir.unmakeable(path)
 
 
 def enable(setting: str = "auto") -> str | None:
