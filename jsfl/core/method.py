@@ -157,14 +157,14 @@ def portion_bytes(model: StagedModel, start: int, stop: int, stats: bool = True)
   """Bytes of stages ``[start, stop)``: parameters plus BatchNorm statistics
   (``stats=False``: the parameters alone, the size of a per-parameter tensor
   such as a Fisher diagonal)."""
-  params, bn = jax.eval_shape(model.init, jax.random.key(0))
+  params, bn = model.shapes()
   leaves = jax.tree.leaves((params[start:stop], bn[start:stop] if stats else ()))
   return int(sum(a.size * a.dtype.itemsize for a in leaves))
 
 
 def activation_size(model: StagedModel, cut: int) -> int:
   """Elements of one sample's cut-layer activation."""
-  params, stats = jax.eval_shape(model.init, jax.random.key(0))
+  params, stats = model.shapes()
   x = jax.ShapeDtypeStruct((1,) + tuple(model.input_shape), jnp.float32)
   out = jax.eval_shape(
       lambda p, s, x: model.apply(p, s, x, train=False)[0],

@@ -20,6 +20,7 @@ runs any contiguous range of stages.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -101,6 +102,8 @@ class StagedModel:
   _inference_graphdefs: tuple = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self):
+    if _FACTORY_DRAFT.get():
+      return  # get_model replaces this draft: the replacement builds once
     stages = nnx.eval_shape(lambda: list(self.build(nnx.Rngs(0))))
     if self.padding == "torch":
       for s in stages:
@@ -140,6 +143,16 @@ class StagedModel:
         if hasattr(node, "for_inference"):
           node.for_inference(self.eval_conv_impl)
     return tuple(nnx.split(s, nnx.Param, nnx.BatchStat, ...)[0] for s in stages)
+
+  def shapes(self) -> tuple[Params, Stats]:
+    """What :meth:`init` returns, as ``jax.ShapeDtypeStruct`` leaves, read
+    off the stages built once at construction: tracing ``init`` for its
+    shapes takes seconds on the deep models (every initialiser's draw)."""
+    def struct(part):
+      return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                          nnx.to_pure_dict(part))
+    return (tuple(struct(p) for p, _ in self._abstract),
+            tuple(struct(b) for _, b in self._abstract))
 
   @property
   def num_stages(self) -> int:
@@ -285,6 +298,10 @@ def get_model(name: str, input_shape, num_classes: int, *, init: str = "torch",
 
 
 _CACHE: dict = {}
+# Set while get_model calls a factory whose result it replaces at once:
+# tracing the stages (seconds for ResNet-101 or DenseNet-161) happens only
+# for the replacement.
+_FACTORY_DRAFT = contextvars.ContextVar("jsfl_model_factory_draft", default=False)
 
 
 def _cached(name, input_shape, num_classes, options, init, eval_conv_impl, padding,
@@ -292,7 +309,11 @@ def _cached(name, input_shape, num_classes, options, init, eval_conv_impl, paddi
   key = (name, input_shape, num_classes, options, init, eval_conv_impl, padding, precision,
          im2col_grad, im2col_narrow)
   if key not in _CACHE:
-    model = _REGISTRY[name](input_shape, num_classes, **dict(options))
+    draft = _FACTORY_DRAFT.set(True)
+    try:
+      model = _REGISTRY[name](input_shape, num_classes, **dict(options))
+    finally:
+      _FACTORY_DRAFT.reset(draft)
     _CACHE[key] = dataclasses.replace(model, init_scheme=init,
                                       eval_conv_impl=eval_conv_impl, padding=padding,
                                       precision=precision, im2col_grad=im2col_grad,

@@ -31,7 +31,7 @@ def memory_estimate(exp) -> dict:
   """
   setup = exp.setup
   state = jax.eval_shape(lambda k: exp.method.init(setup, k), jax.random.key(0))
-  params, stats = jax.eval_shape(setup.model.init, jax.random.key(0))
+  params, stats = setup.model.shapes()
   x = jax.ShapeDtypeStruct((setup.batch_size, *setup.model.input_shape), jnp.float32)
   acts = 0
   for k in range(setup.model.num_stages):
