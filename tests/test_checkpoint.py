@@ -357,11 +357,12 @@ def test_resume_keeps_the_client_loop_the_run_started_with(tmp_path, monkeypatch
 
 # Methods whose state carries more than models and optimiser state, one per
 # engine: Hydra's heads (split), FedMut's previous part-1 (SFL family),
-# SFedKD's teachers and CWC's Fisher sums (sequential).
+# SFedKD's teachers and CWC's Fisher sums (sequential; CWC in the slow suite).
 STATEFUL = {"hydra": [], "sfl_fedmut": [], "sfedkd": ["method.num_teachers=2"], "cwc": []}
 
 
-@pytest.mark.parametrize("method", STATEFUL)
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "cwc"
+                                    else m for m in STATEFUL])
 def test_a_crash_after_records_before_the_checkpoint_resumes_bit_identically(
     method, tmp_path, monkeypatch):
   """Crashed after round 3's records (checkpoint 2 kept), resumed: records,

@@ -15,9 +15,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # One call per part (as on a time-limited GPU machine), so the test runner
 # spreads them over its workers.  The parts a lease runs first (fill,
-# seed_kernels, profile_run) run in CI; scaling and sweep, measured on the H100 already,
-# in the slow suite (`make test-slow` before a lease that runs them).
-@pytest.mark.parametrize("part", ["fill", "seed_kernels", "throughput", "profile_run", "paper_run",
+# seed_kernels, profile_run, paper_run) run in CI; throughput, scaling and sweep,
+# measured on the H100 already, in the slow suite (`make test-slow` before a
+# lease that runs them).
+@pytest.mark.parametrize("part", ["fill", "seed_kernels", "profile_run", "paper_run",
+                                  pytest.param("throughput", marks=pytest.mark.slow),
                                   pytest.param("scaling", marks=pytest.mark.slow),
                                   pytest.param("sweep", marks=pytest.mark.slow),
                                   "vs_torch_resnet18"])

@@ -728,11 +728,13 @@ SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_c
        "partition.num_clients=8", "method.clients_per_round=3", "method.batch_size=16"]
 
 
+# The SFL-family variants share one runner path: FedMut (the one whose state
+# grows) in CI, FedNTD and FedExp in the slow suite.
 @pytest.mark.parametrize("name,extra", [
     ("multisfl", ["run.rounds=2", "partition.name=dirichlet", "partition.alpha=0.3",
                   "method.p0=0.2"]),
-    ("sfl_fedntd", ["run.rounds=1"]),
-    ("sfl_fedexp", ["run.rounds=1"]),
+    pytest.param("sfl_fedntd", ["run.rounds=1"], marks=pytest.mark.slow),
+    pytest.param("sfl_fedexp", ["run.rounds=1"], marks=pytest.mark.slow),
     ("sfl_fedmut", ["run.rounds=1"]),
 ])
 def test_cli_smoke(tmp_path, name, extra):

@@ -49,9 +49,12 @@ def test_bad_mesh_is_a_config_error_before_anything_is_written(tmp_path, capsys)
 
 
 # One process per method, so the test runner spreads them over its workers.
-# FedSeq's sequential engine is SFedKD's too: FedSeq alone runs in the slow suite.
-@pytest.mark.parametrize("method", ["sfl", "hydra", "multisfl",
-                                    pytest.param("fedseq", marks=pytest.mark.slow), "sfedkd"])
+# One method per engine in CI: FedSeq's sequential engine is SFedKD's, Hydra's
+# split engine SFL's (constrain_clients lays every engine's client axis
+# alike), so those two run in the slow suite.
+@pytest.mark.parametrize("method", ["sfl", pytest.param("hydra", marks=pytest.mark.slow),
+                                    "multisfl", pytest.param("fedseq", marks=pytest.mark.slow),
+                                    "sfedkd"])
 def test_eight_device_mesh_equals_one_device(method):
   """SFL, Hydra, MultiSFL and the sequential methods (FedSeq, SFedKD) on a
   2 (seeds) x 4 (clients) mesh of simulated devices, against one device."""

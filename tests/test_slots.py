@@ -43,9 +43,10 @@ def by_run(path):
   return {(r.get("cell"), r["seed"], r["round"]): r for r in read_metrics(path)}
 
 
-# FedSeq's sequential engine is SFedKD's too: FedSeq alone runs in the slow suite.
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "fedseq"
-                                    else m for m in CASES])
+# One method per engine in CI: FedSeq's sequential engine is SFedKD's, Hydra's
+# split engine SFL's; those two run in the slow suite.
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow)
+                                    if m in ("fedseq", "hydra") else m for m in CASES])
 def test_slotted_program_equals_cell_runs(method, tmp_path):
   cells = cell_configs(method, tmp_path)
   assert len({slots.signature(c) for _, c in cells}) == 1
