@@ -204,12 +204,26 @@ def test_varying_fields_become_columns_partition_options_beside_partition(tmp_pa
   rep = report.build_report([str(tmp_path)])
   assert rep.columns == ["method.name", "method.order", "method.groups", "partition.p"]
   md = report.to_markdown(rep)
-  assert "| method | order | groups | p | seeds |" in md
-  assert "| hydra | cyclic | 2 | 0.8 |" in md
-  assert "| sfl | random | - | 0.6 |" in md  # "-": the run has no such field
-  # an explicit grouping pools everything else
+  # Hydra alone has groups: named once, not a column of "-"; the order
+  # varies within SFL, so it stays a column ("-" where a run lacks a field)
+  assert rep.fixed == ["method.groups"]
+  assert "Options their method fixes: hydra: groups=2." in md
+  assert "| method | order | p | seeds |" in md
+  assert "| hydra | cyclic | 0.8 |" in md
+  assert "| sfl | random | 0.6 |" in md
+  assert [r.group.label for r in rep.rows] == ["sfl, order=random, p=0.6",
+                                               "sfl, order=cyclic, p=0.8",
+                                               "hydra, order=cyclic, p=0.8"]
+  report.write_csv(rep, str(tmp_path / "r.csv"))  # the CSV keeps every column
+  with open(tmp_path / "r.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["method.groups"] for r in rows] == ["-", "-", "2"]
+  # an explicit grouping pools everything else, and shows every field it names
   rep = report.build_report([str(tmp_path)], by=["method.name"])
   assert [r.seeds for r in rep.rows] == [4, 2] and rep.problems == []
+  rep = report.build_report([str(tmp_path)], by=["method.name", "method.groups"])
+  assert rep.fixed == [] and "| method | groups | seeds |" in report.to_markdown(rep)
+  assert [r.group.label for r in rep.rows] == ["sfl", "hydra, groups=2"]
   rep = report.build_report([str(tmp_path)], by=["method.nmae"])
   assert rep.problems == [("--by method.nmae: no run has this config field (allowed: "
                            "section.key, e.g. method.name)")]

@@ -9,7 +9,7 @@ import math
 import os
 
 from jsfl.reading import read_metrics_checked, record_file
-from jsfl.report.groups import short_names
+from jsfl.report.groups import MISSING, short_names
 from jsfl.report.rows import REFERENCE_VALUES, TABLE_METRICS, Report, Row
 from jsfl.statistics import collapsed_seeds
 
@@ -77,8 +77,19 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
       names = short_names(list(rep.shared))
       lines += [("Config: " if len(rep.rows) == 1 else "Shared by every row: ") + ", ".join(
           f"{names[k]}={_fmt_value(v)}" for k, v in rep.shared.items()) + ".", ""]
-    names = short_names(rep.columns)
-    head = [names[c] for c in rep.columns] + ["seeds", "rounds"] + \
+    by_method = {}
+    for row in rep.rows:
+      own = {k: row.group.values[k] for k in rep.fixed if row.group.values[k] != MISSING}
+      if own:
+        by_method[row.group.values["method.name"]] = own
+    if by_method:
+      names = short_names(rep.fixed)
+      lines += ["Options their method fixes: " + "; ".join(
+          f"{m}: " + ", ".join(f"{names[k]}={_fmt_value(v)}" for k, v in own.items())
+          for m, own in by_method.items()) + ".", ""]
+    shown = [c for c in rep.columns if c not in rep.fixed]
+    names = short_names(shown)
+    head = [names[c] for c in shown] + ["seeds", "rounds"] + \
         [t for _, t in TABLE_METRICS] + ["communication"]
     if rep.best_ma:
       head.append(f"accuracy, best {rep.best_ma}-round MA")
@@ -88,7 +99,7 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
       head += ["reference accuracy (%)", "jsfl - reference"]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for i, row in enumerate(rep.rows):
-      cells = [_fmt_value(row.group.values[c]) for c in rep.columns] + \
+      cells = [_fmt_value(row.group.values[c]) for c in shown] + \
           [str(row.seeds), row.rounds] + [_fmt_stat(row.stats[k]) for k, _ in TABLE_METRICS] + \
           [format_bytes(row.bytes_total)]
       if rep.best_ma:

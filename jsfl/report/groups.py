@@ -132,6 +132,24 @@ def _column_rank(key: str, keys: Sequence[str]) -> tuple:
   return (rank, field != "name", keys.index(key))
 
 
+def method_options(values: Sequence[dict], columns: Sequence[str]) -> list[str]:
+  """The ``method.*`` columns that the method fixes: options only some
+  methods have, or that every run of a method sets alike.  They split no
+  group the method does not, so a table names them once per method (SFedKD's
+  sixteen options beside FedSeq would be sixteen columns of ``-``)."""
+  if "method.name" not in columns:
+    return []
+  out = []
+  for k in columns:
+    if not k.startswith("method.") or k == "method.name":
+      continue
+    per_method: dict = {}
+    if all(per_method.setdefault(v.get("method.name"), v.get(k, MISSING)) == v.get(k, MISSING)
+           for v in values):
+      out.append(k)
+  return out
+
+
 def group_runs(runs: Sequence[Run], by: Sequence[str] | None = None
                ) -> tuple[list[Group], list[str], dict[str, Any]]:
   """Groups runs by the config fields that differ between them.
@@ -144,7 +162,8 @@ def group_runs(runs: Sequence[Run], by: Sequence[str] | None = None
   Returns:
     ``(groups, columns, shared)``: groups in the order their first run came,
     the grouping fields (``method.name`` first), and the fields every run
-    shares with their common value.
+    shares with their common value.  Without ``by``, a label leaves out the
+    options its method fixes (:func:`method_options`).
   """
   flats = [flat_config(r) for r in runs]
   keys: list[str] = []
@@ -159,13 +178,14 @@ def group_runs(runs: Sequence[Run], by: Sequence[str] | None = None
   shared = {k: flats[0][k] for k in keys if k not in columns
             and all(k in f and f[k] == flats[0][k] for f in flats)}
   names = short_names(columns)
+  fixed = set() if by else set(method_options(flats, columns))
   groups: dict[tuple, Group] = {}
   for run, f in zip(runs, flats, strict=True):
     ident = tuple(f.get(k, MISSING) for k in columns)
     if ident not in groups:
       values = dict(zip(columns, ident, strict=True))
       parts = [str(v) if k == "method.name" else f"{names[k]}={v}"
-               for k, v in values.items() if v != MISSING]
+               for k, v in values.items() if v != MISSING and k not in fixed]
       label = ", ".join(parts) or run.name
       groups[ident] = Group(values, [], label)
     groups[ident].runs.append(run)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from jsfl.reading import Run, find_run_dirs, is_number, load_runs
-from jsfl.report.groups import Group, flat_config, group_runs
+from jsfl.report.groups import Group, flat_config, group_runs, method_options
 from jsfl.statistics import (
   across_seeds,
   best_ma_figures,
@@ -49,6 +49,9 @@ class Report:
   best_ma: int = 0          # > 0: rows also carry stats["best_ma"] over this window
   reference: list | None = None  # per row: its reference figure (read_reference) or None
   reference_notes: list = dataclasses.field(default_factory=list)  # the CSV's # lines
+  # columns the method fixes (groups.method_options): named once per method
+  # in text, still columns of the CSV
+  fixed: list = dataclasses.field(default_factory=list)
 
 
 def find_row(rows: Sequence[Row], spec: str) -> int:
@@ -289,7 +292,8 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
     return Report([], [], {}, problems, last)
   groups, columns, shared = group_runs(runs, by)
   rep = Report([_row(g, last, best_ma) for g in groups], columns, shared, problems, last,
-               best_ma=best_ma)
+               best_ma=best_ma,
+               fixed=[] if by else method_options([g.values for g in groups], columns))
   if paired_with:
     ref = rep.rows[find_row(rep.rows, paired_with)]
     rep.paired_with = ref.group.label
