@@ -159,14 +159,12 @@ def test_depthwise_shifts_matches_grouped_values_and_grads(kernel):
     _close(grads[1], grads[0])
 
 
-# Both forms compile at XLA's defaults; the vmapped one (38 s of compiling
-# here, the unrolled 7) runs in the slow suite.
-@pytest.mark.parametrize("client_exec", [pytest.param("vmap", marks=pytest.mark.slow), "unroll"])
-def test_depthwise_lowerings_agree_inside_a_split_round(client_exec):
+def test_depthwise_lowerings_agree_inside_a_split_round():
   """The shifted depthwise layers' hand-written VJP (kernel gradient as a
   matmul per tap) inside a whole SFL round, ragged clients (padded, masked
-  batches), vmapped or unrolled: the same round as XLA's grouped
-  convolution.  A layer-level check cannot see this: XLA:CPU has been seen to
+  batches; each client's part-1 inside the server's visit of it, so
+  ``client_exec`` vmap and unroll lower to the same program): the same
+  round as XLA's grouped convolution.  A layer-level check cannot see this: XLA:CPU has been seen to
   compile a ``ones @ x`` column sum wrongly inside a round program (a
   BatchNorm VJP of that form; benchmarks/README.md) while the same product
   compiled alone was right.  GroupNorm: BatchNorm over one- or two-sample
@@ -184,7 +182,7 @@ def test_depthwise_lowerings_agree_inside_a_split_round(client_exec):
   for dw in ("grouped", "shifts"):
     model = get_model("mobilenet_v1", (28, 28, 1), 4, width=0.125, conv_impl="im2col",
                       depthwise_impl=dw, norm="group")
-    setup = make_setup(model, data, cut=4, client_exec=client_exec)
+    setup = make_setup(model, data, cut=4)
     state = sfl.init(setup, key)
     rnd = jax.jit(lambda s, k, setup=setup: sfl.round(setup, s, data, k))
     states.append(rnd.lower(state, key).compile(DEFAULT_XLA)(state, key)[0])
