@@ -243,7 +243,11 @@ _REGISTRY: dict[str, Callable[..., StagedModel]] = {}
 
 
 def register(name: str):
-  """Registers ``factory(input_shape, num_classes, **options) -> StagedModel``."""
+  """Registers ``factory(input_shape, num_classes, **options) -> StagedModel``.
+
+  The factory returns the model it constructs without reading its stages
+  (``num_stages``, ``init``, ...): under :func:`get_model` that model is a
+  draft whose stages are built once, in the copy ``get_model`` returns."""
   def deco(fn):
     _REGISTRY[name] = fn
     return fn
