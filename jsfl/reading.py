@@ -55,8 +55,8 @@ def _check_record(rec) -> str | None:
       return f"no {k!r} key"
   if not isinstance(rec["round"], int) or isinstance(rec["round"], bool):
     return f"round={rec['round']!r} is not an int"
-  if isinstance(rec["seed"], (dict, list)):
-    return f"seed={rec['seed']!r} is not a scalar"
+  if not isinstance(rec["seed"], int) or isinstance(rec["seed"], bool):
+    return f"seed={rec['seed']!r} is not an int"
   for k in NUMERIC_KEYS:
     v = rec.get(k)
     if v is not None and not is_number(v):

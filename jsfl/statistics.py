@@ -17,17 +17,23 @@ import numpy as np
 
 def _series_by_seed(records: Iterable[dict], key: str) -> dict[Any, list[float]]:
   """Per seed the values of ``key`` in round order; missing, None, non-numeric
-  and NaN values are skipped."""
+  and non-finite values are skipped."""
   by_seed: dict[Any, list[tuple[Any, float]]] = {}
   for rec in records:
     v = rec.get(key)
     if v is None or isinstance(v, bool) or not isinstance(
         v, (int, float, np.integer, np.floating)):
       continue
-    if math.isnan(float(v)):
+    if not math.isfinite(float(v)):  # a hand-edited Infinity, as NaN
       continue
     by_seed.setdefault(rec["seed"], []).append((rec["round"], float(v)))
   return {s: [v for _, v in sorted(rv, key=lambda t: t[0])] for s, rv in by_seed.items()}
+
+
+def check_last(last) -> None:
+  # last = 0 would slice v[-0:], every round
+  if not isinstance(last, int) or isinstance(last, bool) or last < 1:
+    raise ValueError(f"last={last!r}; allowed: an int >= 1")
 
 
 def per_seed_figures(records: Iterable[dict], key: str, last: int = 5) -> dict[Any, float]:
@@ -43,7 +49,11 @@ def per_seed_figures(records: Iterable[dict], key: str, last: int = 5) -> dict[A
 
   Returns:
     ``{seed: figure}`` for every seed with at least one value.
+
+  Raises:
+    ValueError: for a ``last`` below 1.
   """
+  check_last(last)
   return {s: float(np.median(v[-last:])) for s, v in _series_by_seed(records, key).items()}
 
 
@@ -103,8 +113,7 @@ def summarize(records: Sequence[dict], keys: Sequence[str] = ("accuracy", "loss"
     ValueError: for a bad ``last``, a record without seed/round, or a seed and
       round that appear twice.
   """
-  if not isinstance(last, int) or isinstance(last, bool) or last < 1:
-    raise ValueError(f"last={last!r}; allowed: an int >= 1")
+  check_last(last)
   seen = set()
   for i, rec in enumerate(records):
     if "seed" not in rec or "round" not in rec:

@@ -4,6 +4,7 @@ import copy
 import csv
 import gzip
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -289,6 +290,50 @@ def test_damaged_metrics_lines_are_named_and_the_rest_is_reported(tmp_path):
   assert row.stats["bw"]["median"] == pytest.approx(2.0)
   md = report.to_markdown(rep)
   assert "## Skipped" in md and f"{mpath}:3:" in md
+
+
+def test_hand_edited_values_neither_crash_the_report_nor_count(tmp_path):
+  recs = make_records()
+  # a seed that is not an int is a skipped line, not a TypeError in sorting seeds
+  lines = [json.dumps(r) + "\n" for r in recs] + [json.dumps({**recs[0], "seed": "7"}) + "\n"]
+  run = write_run(tmp_path / "a", raw_lines=lines, summary=False)
+  rep = report.build_report([run])
+  assert rep.problems == [f"{os.path.join(run, 'metrics.jsonl')}:{len(lines)}: seed='7' "
+                          "is not an int; line skipped"]
+  assert rep.rows[0].seeds == 2
+  # Infinity (valid to Python's json) is skipped like NaN: three seeds, two figures
+  inf = [{"seed": s, "round": 1, "accuracy": a} for s, a in enumerate([10.0, 20.0, math.inf])]
+  assert statistics.per_seed_figures(inf, "accuracy") == {0: 10.0, 1: 20.0}
+  assert statistics.summarize(inf, ("accuracy",))["accuracy"]["std"] == pytest.approx(5.0)
+  # last = 0 would have been every round (v[-0:])
+  with pytest.raises(ValueError, match=r"last=0; allowed: an int >= 1"):
+    report.build_report([run], last=0)
+  with pytest.raises(ValueError, match=r"last=0; allowed: an int >= 1"):
+    statistics.per_seed_figures(inf, "accuracy", last=0)
+
+
+def test_a_pooled_seed_number_is_refused_for_pairing_even_without_a_figure():
+  from types import SimpleNamespace
+  row = SimpleNamespace(group=SimpleNamespace(label="pooled"), per_seed=[
+      {"seed": 0, "accuracy": None}, {"seed": 1, "accuracy": 30.0},  # run A
+      {"seed": 0, "accuracy": 40.0}])                                 # run B
+  ref = SimpleNamespace(group=SimpleNamespace(label="ref"), per_seed=[
+      {"seed": 0, "accuracy": 10.0}, {"seed": 1, "accuracy": 10.0}])
+  with pytest.raises(ValueError, match="holds seed 0 twice"):
+    report.paired_difference(row, ref)
+
+
+def test_byte_counts_never_print_an_exponent():
+  cases = {999: "999 B", 1000: "1 kB", 999_499: "999 kB", 999_950: "1 MB",
+           1_234_567: "1.23 MB", 999_600_000: "1 GB", 2.33e9: "2.33 GB", 1e15: "1000 TB"}
+  assert {n: report.format_bytes(n) for n in cases} == cases
+
+
+def test_runs_differing_only_in_how_they_checkpoint_or_stop_pool(tmp_path):
+  write_run(tmp_path / "a", {"run.checkpoint_every": 50, "run.on_divergence": "stop_run"})
+  write_run(tmp_path / "b", {"run.checkpoint_every": 10})
+  rep = report.build_report([str(tmp_path)])
+  assert [r.seeds for r in rep.rows] == [4]
 
 
 def test_cli_report_warns_on_stderr_and_writes_out(tmp_path, capsys):

@@ -43,8 +43,9 @@ def format_bytes(n: float | None) -> str:
   if n is None:
     return "-"
   for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-    if abs(n) >= scale:
-      return f"{n / scale:.3g} {unit}"
+    if abs(float(f"{n:.3g}")) >= scale:  # 999,950 B rounds to 1 MB, not to "1e+03 kB"
+      shown = float(f"{n / scale:.3g}")
+      return f"{shown:.3g} {unit}" if abs(shown) < 1000 else f"{shown:.0f} {unit}"
   return f"{n:.0f} B"
 
 

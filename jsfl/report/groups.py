@@ -21,6 +21,7 @@ from jsfl.statistics import (
 # them, or predate them, are one group.
 IGNORED_FIELDS = frozenset({"run.name", "run.out_dir", "run.dir", "run.seed", "run.seeds",
                             "run.trackers", "run.profile", "run.divergence_loss",
+                            "run.on_divergence", "run.checkpoint_every",
                             "run.step_confusion", "run.step_confusion_rounds",
                             "run.step_confusion_steps",
                             "dataset.data_dir", "dataset.download", "dataset.path",

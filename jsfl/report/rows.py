@@ -17,6 +17,7 @@ from jsfl.report.groups import Group, flat_config, group_runs, method_options
 from jsfl.statistics import (
   across_seeds,
   best_ma_figures,
+  check_last,
   collapsed_seeds,
   per_seed_figures,
 )
@@ -161,11 +162,14 @@ def attach_reference(rep: Report, path: str) -> None:
 
 
 def _by_seed_number(row: Row, key: str) -> dict:
-  out = {}
+  out, seen = {}, set()
   for s in row.per_seed:
-    if s["seed"] in out:
+    # refused even where one of the two has no figure: which run's seed a
+    # pairing meant would depend on which runs happen to have values
+    if s["seed"] in seen:
       raise ValueError(f"row {row.group.label!r} holds seed {s['seed']} twice (pooled "
                        "runs); a paired comparison needs one figure per seed number")
+    seen.add(s["seed"])
     if s[key] is not None:
       out[s["seed"]] = s[key]
   return out
@@ -206,6 +210,7 @@ def _last_record_per_seed(records):
 
 def per_position_figures(records, last: int) -> tuple[dict, list | None]:
   """Per seed the median over its last evaluated rounds of each position."""
+  check_last(last)
   by_seed: dict[Any, list] = {}
   for r in records:
     pp = r.get("per_position_accuracy")
@@ -285,8 +290,9 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
 
   Raises:
     ValueError: when ``paired_with`` names no row, or several; a bad
-      reference CSV.
+      reference CSV; a ``last`` below 1.
   """
+  check_last(last)
   runs, problems = _load(paths, by)
   if not runs:
     return Report([], [], {}, problems, last)
