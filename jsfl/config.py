@@ -134,9 +134,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "norm": _f(str, "", "normalisation; '' = the model's default",
                    ("", "batch", "group", "none")),
         "init": _f(str, "torch", "layer initialisation: torch = PyTorch's defaults (weights "
-                   "and biases uniform in +-1/sqrt(fan_in), what the papers' code runs); "
+                   "and biases uniform in +-1/sqrt(fan_in), what the papers' code runs unless a "
+                   "model initialises itself); "
                    "he_lecun = He-normal convolutions, LeCun-normal dense layers, zero "
-                   "biases", ("torch", "he_lecun")),
+                   "biases; he_fan_out = convolution kernels He-normal over fan-out (the "
+                   "MultiSFL authors' ResNet-18), the rest as torch",
+                   ("torch", "he_lecun", "he_fan_out")),
         "conv_impl": _f(str, "auto", "dense conv lowering", ("auto", "xla", "im2col")),
         "eval_conv_impl": _f(str, "auto", "dense conv lowering of evaluation forwards; auto "
                              "= per layer, the backend's measured faster forward "

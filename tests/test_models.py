@@ -714,6 +714,29 @@ def test_init_schemes_differ_and_he_lecun_is_the_stages_own():
   assert float(np.abs(torch_p[0]["conv"]["kernel"]).max()) <= 1 / 3
 
 
+def test_he_fan_out_draws_conv_kernels_over_fan_out_and_the_rest_as_torch():
+  """``init="he_fan_out"`` (the MultiSFL authors' ResNet-18): every
+  convolution kernel normal with std sqrt(2 / (kh kw cout)), PyTorch's
+  ``kaiming_normal_(mode="fan_out")``; every other parameter, convolution
+  biases included, the very draw ``"torch"`` makes.  One jitted init each."""
+  draws = {s: jax.device_get(jax.jit(get_model("small_cnn", (28, 28, 1), 10, init=s).init)(
+      jax.random.key(0))[0]) for s in ("torch", "he_fan_out")}
+  flat = {s: {jax.tree_util.keystr(k): np.asarray(v) for k, v in
+              jax.tree_util.tree_flatten_with_path(p)[0]} for s, p in draws.items()}
+  kernels = [k for k, v in flat["torch"].items() if "conv" in k and k.endswith("['kernel']")]
+  assert len(kernels) == 2
+  for k, v in flat["he_fan_out"].items():
+    if k in kernels:
+      assert not np.allclose(v, flat["torch"][k])
+      if v.size > 2000:  # the second conv, 3x3x16x32: the std within 5%
+        kh, kw, _, cout = v.shape
+        assert abs(float(v.std()) / math.sqrt(2 / (kh * kw * cout)) - 1) < 0.05, k
+        assert abs(float(v.mean())) < 0.05 * float(v.std())
+        assert np.abs(v).max() > 1 / math.sqrt(math.prod(v.shape[:-1]))  # past torch's bound
+    else:
+      np.testing.assert_array_equal(v, flat["torch"][k])
+
+
 def test_torch_init_refuses_a_parameter_without_a_rule():
   from flax import nnx
 
@@ -725,7 +748,7 @@ def test_torch_init_refuses_a_parameter_without_a_rule():
 
   with pytest.raises(TypeError, match="no rule for parameter w"):
     inits.torch_init(Odd(), jax.random.key(0))
-  with pytest.raises(ValueError, match="init='glorot'; allowed: torch, he_lecun"):
+  with pytest.raises(ValueError, match="init='glorot'; allowed: torch, he_lecun, he_fan_out"):
     get_model("small_cnn", (28, 28, 1), 10, init="glorot")
 
 
