@@ -266,7 +266,9 @@ def test_partitions_registry_defaults_are_used():
     ("natural", Y, 10, {}, r"no natural client ids"),
     ("labelwise", Y, 10, {"p": 0.0}, r"labelwise.p=0.0; allowed: a float in \(0, 1\]"),
     ("labelwise", Y, 1, {}, r"labelwise: num_clients=1; allowed: >= 2"),
-    ("labelwise", Y, 10, {"phi": 1}, r"unknown option\(s\) phi .*allowed: p"),
+    ("labelwise", Y, 10, {"phi": 1}, r"unknown option\(s\) phi .*allowed: dominant_clients, p"),
+    ("labelwise", Y, 10, {"dominant_clients": 3},
+     r"labelwise.dominant_clients=3; allowed: 1 \(p%-DL\) or 2"),
     ("iid", Y.astype(float), 10, {}, r"allowed: a 1-D integer array"),
     ("iid", Y - 1, 10, {}, r"labels contain -1"),
 ])
@@ -336,17 +338,20 @@ def _authors_reference():
   return mod, ref
 
 
-@pytest.mark.parametrize("k", [10, 20])
-def test_labelwise_is_the_hydra_authors_split(k):
+@pytest.mark.parametrize("name", ["synthetic_k10_p0.8", "synthetic_k20_p0.8",
+                                  "synthetic_k10_sharding0.8"])
+def test_labelwise_is_the_hydra_authors_split(name):
   # The fingerprints were written by running their LabelwisePartitioner on the
   # same labels (seed 2020); at K = 20 clients 10-19 dominate nothing and the
-  # rounding runs past every label's end, so the slicing rule is exercised.
+  # rounding runs past every label's end, so the slicing rule is exercised;
+  # the sharding case under their two-leader matrix (dominant_clients = 2).
   mod, ref = _authors_reference()
-  case = ref["cases"][f"synthetic_k{k}_p0.8"]
+  case = ref["cases"][name]
   y = mod.synthetic_labels()
-  parts = P.make_partition("labelwise", y, k, seed=ref["seed"], p=case["p"])
+  opts = {"p": case["p"], "dominant_clients": case.get("dominant_clients", 1)}
+  parts = P.make_partition("labelwise", y, case["clients"], seed=ref["seed"], **opts)
   assert mod.fingerprint(parts) == {"sizes": case["sizes"], "sha256": case["sha256"]}
-  other = P.make_partition("labelwise", y, k, seed=ref["seed"] + 1, p=case["p"])
+  other = P.make_partition("labelwise", y, case["clients"], seed=ref["seed"] + 1, **opts)
   assert mod.fingerprint(other)["sha256"] != case["sha256"]
 
 

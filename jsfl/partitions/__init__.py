@@ -15,7 +15,8 @@ each sorted ascending).  Methods and their options, with defaults:
   ExDir(C_cls, alpha), redrawn until every client has ``min_size``.
 * ``labelwise(p=0.8)``: p%-DL as the Hydra authors' code draws it (client
   ``l mod K`` dominant in label l, shares rounded per label, a few samples
-  unheld), reproducing their index sets exactly.
+  unheld), reproducing their index sets exactly; ``dominant_clients=2``
+  their CIFAR-10 sharding (clients ``l`` and ``l - 1`` hold p / 2 each).
 * ``distribution(dominant=0.5, other=0.03, labels_per_client=None,
   preassigned=20)``: Flower's ``DistributionPartitioner`` as the Hydra
   authors' code draws CIFAR-100's superclass split (each label's samples cut
@@ -81,7 +82,7 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
         "phi": (int, None),
     },
     "exdir": {"classes_per_client": (int, 2), "alpha": (float, 0.5), "min_size": (int, 10)},
-    "labelwise": {"p": (float, 0.8)},
+    "labelwise": {"p": (float, 0.8), "dominant_clients": (int, 1)},
     "distribution": {
         "dominant": (float, 0.5),
         "other": (float, 0.03),

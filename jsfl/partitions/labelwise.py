@@ -25,26 +25,35 @@ from jsfl.partitions.iid import class_indices, split_by_owner
 
 
 def labelwise(labels: np.ndarray, num_clients: int, num_classes: int, seed: int, *,
-              p: float = 0.8) -> list[np.ndarray]:
+              p: float = 0.8, dominant_clients: int = 1) -> list[np.ndarray]:
   """p%-DL as the Hydra authors' code draws it: client ``l mod K`` holds a
   fraction p of label l, every other client ``(1 - p) / (K - 1)`` of it.
+  ``dominant_clients = 2`` is their CIFAR-10 "sharding" (``get_data.py``,
+  ``data_pattern == -1``): clients ``l`` and ``l - 1`` (mod K) hold ``p / 2``
+  of label l each, every other client ``(1 - p) / (K - 1)``, so a client
+  leads in two labels and 2.2% of a label is unheld at p = 0.8, K = 10
+  (their code takes the clients mod 10: the same at their K = 10).
 
   Args:
     labels: (N,) int labels in ``[0, num_classes)``.
     num_clients: K >= 2.
     num_classes: L >= 1.
     seed: the seed of Python's ``random.Random`` that shuffles the labels.
-    p: the dominant client's share of its label, in (0, 1].
+    p: the dominant clients' share of their label, in (0, 1].
+    dominant_clients: 1 (p%-DL) or 2 (their sharding).
 
   Returns:
     K disjoint int64 index arrays, each sorted ascending; the samples that
     rounding leaves at the end of a label belong to no client.
 
   Raises:
-    ValueError: p outside (0, 1] or K < 2.
+    ValueError: p outside (0, 1], K < 2 or another ``dominant_clients``.
   """
   if not 0.0 < p <= 1.0:
     raise ValueError(f"labelwise.p={p}; allowed: a float in (0, 1]")
+  if dominant_clients not in (1, 2):
+    raise ValueError(f"labelwise.dominant_clients={dominant_clients!r}; allowed: 1 (p%-DL) "
+                     "or 2 (the Hydra authors' sharding)")
   if num_clients < 2:
     raise ValueError(f"labelwise: num_clients={num_clients}; allowed: >= 2 (the "
                      f"non-dominant share is divided by num_clients - 1)")
@@ -52,6 +61,7 @@ def labelwise(labels: np.ndarray, num_clients: int, num_classes: int, seed: int,
   # lands on the same integers (0.2 / 9 * 600 = 13.33; a half rounds to even
   # in both).
   other = (1 - p) / (num_clients - 1)
+  lead = p / 2 if dominant_clients == 2 else p  # their non_iid_ratio / 2
   rng = random.Random(seed)
   owner = np.full(len(labels), -1, dtype=np.int64)
   for lab, idx in enumerate(class_indices(labels, num_classes)):
@@ -59,7 +69,9 @@ def labelwise(labels: np.ndarray, num_clients: int, num_classes: int, seed: int,
     rng.shuffle(order)  # one generator, the labels in turn: their draw order
     begin = 0
     for client in range(num_clients):
-      share = p if client == lab % num_clients else other
+      leads = (client % num_clients == lab % num_clients
+               or (dominant_clients == 2 and (client + 1) % num_clients == lab % num_clients))
+      share = lead if leads else other
       # Python slicing: offsets past the label's end just give fewer samples.
       end = begin + int(round(share * len(order)))
       owner[order[begin:end]] = client

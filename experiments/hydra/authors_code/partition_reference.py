@@ -9,7 +9,10 @@ clone's ``get_data.py`` and executed alone: they need only NumPy and Python's
   10 clients (the cross-check setting; the subset computed as
   ``jsfl_glue.train_subset`` computes it), and
 * a synthetic label vector with unequal label sizes (``synthetic_labels``) on
-  10 and 20 clients, where rounding runs past a label's end,
+  10 and 20 clients, where rounding runs past a label's end, and on 10
+  clients under their CIFAR-10 sharding matrix (``sharding_matrix``, the
+  loop their ``get_data.py`` runs for ``data_pattern == -1`` inline, so
+  written out here),
 
 with their seed 2020, and writes for each case the per-client sizes and a
 SHA-256 of the sorted index lists to ``tests/data/labelwise_reference.json``.
@@ -67,6 +70,18 @@ def their_functions(clone: str):
   return scope["LabelwisePartitioner"], scope["non_iid_partition"]
 
 
+def sharding_matrix(ratio: float, classes: int, workers: int) -> np.ndarray:
+  """Their sharding fractions (``get_data.py``, ``data_pattern == -1``):
+  ``ratio / 2`` where ``c % 10 == l or (c + 1) % 10 == l``, else
+  ``(1 - ratio) / (workers - 1)``."""
+  sizes = np.zeros((classes, workers))
+  for c in range(workers):
+    for lab in range(classes):
+      lead = c % 10 == lab or (c + 1) % 10 == lab
+      sizes[lab][c] = ratio / 2 if lead else (1 - ratio) / (workers - 1)
+  return sizes
+
+
 class _Data:
   """What their partitioner reads of a torchvision dataset."""
 
@@ -91,6 +106,9 @@ def main() -> None:
   for k in (10, 20):
     cases[f"synthetic_k{k}_p0.8"] = {"labels": "synthetic", "clients": k, "p": 0.8,
                                      **draw(y, k, 0.8)}
+  part = partitioner(_Data(y), partition_sizes=sharding_matrix(0.8, 10, 10), class_num=10)
+  cases["synthetic_k10_sharding0.8"] = {"labels": "synthetic", "clients": 10, "p": 0.8,
+                                        "dominant_clients": 2, **fingerprint(part.partitions)}
   sys.path.insert(0, os.path.join(HERE, "..", "..", "multisfl", "authors_code"))
   sys.path.insert(0, HERE)
   import fmnist_idx  # noqa: E402
