@@ -31,7 +31,7 @@ def _series_by_seed(records: Iterable[dict], key: str) -> dict[Any, list[float]]
 
 
 def check_last(last) -> None:
-  # last = 0 would slice v[-0:], every round
+  """Refuses a ``last`` below 1: ``last = 0`` would slice ``v[-0:]``, every round."""
   if not isinstance(last, int) or isinstance(last, bool) or last < 1:
     raise ValueError(f"last={last!r}; allowed: an int >= 1")
 

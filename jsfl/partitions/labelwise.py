@@ -69,7 +69,7 @@ def labelwise(labels: np.ndarray, num_clients: int, num_classes: int, seed: int,
     rng.shuffle(order)  # one generator, the labels in turn: their draw order
     begin = 0
     for client in range(num_clients):
-      leads = (client % num_clients == lab % num_clients
+      leads = (client == lab % num_clients
                or (dominant_clients == 2 and (client + 1) % num_clients == lab % num_clients))
       share = lead if leads else other
       # Python slicing: offsets past the label's end just give fewer samples.
