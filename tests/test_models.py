@@ -16,6 +16,7 @@ training step at full depth, is in the fast suite.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -505,6 +506,26 @@ def test_documented_stages_and_cuts():
   h = jax.eval_shape(lambda p, s, x: ln.apply(p[:2], s[:2], x, train=False)[0],
                      p, s, jax.ShapeDtypeStruct((4, 28, 28, 1), jnp.float32))
   assert h.shape == (4, 5, 5, 16)
+
+
+def test_a_factory_may_build_another_model_through_get_model():
+  """get_model builds a factory's model once, as a draft it then completes;
+  a model the factory itself takes from get_model comes back whole."""
+  from jsfl.models import base
+  inner = {}
+
+  @base.register("_wraps_small_cnn")
+  def wraps(input_shape, num_classes, **_):
+    m = get_model("small_cnn", input_shape, num_classes, init="he_lecun", padding="same")
+    inner["stages"] = m.num_stages  # a draft has no stages to count
+    return dataclasses.replace(m, name="_wraps_small_cnn")
+  try:
+    outer = get_model("_wraps_small_cnn", (28, 28, 1), 10)
+    assert inner["stages"] == outer.num_stages == 4
+    chex.assert_trees_all_equal_shapes_and_dtypes(
+        outer.shapes(), jax.eval_shape(outer.init, jax.random.key(0)))
+  finally:
+    base._REGISTRY.pop("_wraps_small_cnn")
 
 
 def test_deep_models_documented_stages_cuts_and_sizes():

@@ -20,6 +20,7 @@ runs any contiguous range of stages.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Callable, Sequence
@@ -308,20 +309,29 @@ _CACHE: dict = {}
 _FACTORY_DRAFT = contextvars.ContextVar("jsfl_model_factory_draft", default=False)
 
 
+@contextlib.contextmanager
+def _drafting(draft: bool):
+  """``_FACTORY_DRAFT`` at ``draft`` inside: a factory that builds another
+  model through get_model still gets that model built."""
+  token = _FACTORY_DRAFT.set(draft)
+  try:
+    yield
+  finally:
+    _FACTORY_DRAFT.reset(token)
+
+
 def _cached(name, input_shape, num_classes, options, init, eval_conv_impl, padding,
             precision, im2col_grad, im2col_narrow):
   key = (name, input_shape, num_classes, options, init, eval_conv_impl, padding, precision,
          im2col_grad, im2col_narrow)
   if key not in _CACHE:
-    draft = _FACTORY_DRAFT.set(True)
-    try:
+    with _drafting(True):
       model = _REGISTRY[name](input_shape, num_classes, **dict(options))
-    finally:
-      _FACTORY_DRAFT.reset(draft)
-    _CACHE[key] = dataclasses.replace(model, init_scheme=init,
-                                      eval_conv_impl=eval_conv_impl, padding=padding,
-                                      precision=precision, im2col_grad=im2col_grad,
-                                      im2col_narrow=im2col_narrow)
+    with _drafting(False):
+      _CACHE[key] = dataclasses.replace(model, init_scheme=init,
+                                        eval_conv_impl=eval_conv_impl, padding=padding,
+                                        precision=precision, im2col_grad=im2col_grad,
+                                        im2col_narrow=im2col_narrow)
   return _CACHE[key]
 
 
