@@ -135,3 +135,53 @@ def make_fed_data(sizes, num_classes=4, shape=(8, 8, 1), seed=0, dominant=None):
 @pytest.fixture
 def fed_data():
   return make_fed_data([13, 7, 20, 5])
+
+
+# ------------------------------------------------ where the suite's time goes
+# JSFL_TEST_COMPILE_LOG=PREFIX: every worker writes PREFIX.<worker>.json, per
+# test the seconds XLA spent compiling in this process and the programs the
+# persistent cache served; `python tests/compile_census.py PREFIX` adds them
+# up.  Removing a test saves only the programs no other test compiles.
+_COMPILE_LOG = os.environ.get("JSFL_TEST_COMPILE_LOG")
+_compile_by_test: dict = {}
+_current_test = ["(collection)"]
+
+if _COMPILE_LOG:
+  from jax import monitoring as _monitoring
+  from jax._src import dispatch as _dispatch
+
+  def _entry():
+    return _compile_by_test.setdefault(_current_test[0], {"compile_s": 0.0, "compiles": 0,
+                                                          "cache_hits": 0, "saved_s": 0.0})
+
+  def _on_duration(event, duration, **_):
+    if event == _dispatch.BACKEND_COMPILE_EVENT:
+      e = _entry()
+      e["compile_s"] += duration
+      e["compiles"] += 1
+    elif event == "/jax/compilation_cache/compile_time_saved_sec":
+      _entry()["saved_s"] += duration
+
+  def _on_event(event, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+      _entry()["cache_hits"] += 1
+
+  _monitoring.register_event_duration_secs_listener(_on_duration)
+  _monitoring.register_event_listener(_on_event)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  _current_test[0] = item.nodeid
+  try:
+    return (yield)
+  finally:
+    _current_test[0] = "(between tests)"
+
+
+def pytest_sessionfinish(session):
+  if _COMPILE_LOG and _compile_by_test:
+    import json
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"{_COMPILE_LOG}.{worker}.json", "w") as f:
+      json.dump(_compile_by_test, f, indent=0)
