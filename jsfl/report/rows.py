@@ -290,9 +290,8 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
 
   Raises:
     ValueError: when ``paired_with`` names no row, or several; a bad
-      reference CSV; a ``last`` below 1.
+      reference CSV; a ``last`` below 1 (:func:`jsfl.statistics.per_seed_figures`).
   """
-  check_last(last)
   runs, problems = _load(paths, by)
   if not runs:
     return Report([], [], {}, problems, last)
