@@ -180,6 +180,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "drop_last": _f(bool, False, "leave out every client's last partial batch of an "
                         "epoch (PyTorch's DataLoader drop_last; the Hydra authors' code "
                         "drops it)"),
+        "aggregation": _f(str, "samples", "weights of the round-end mean of the clients' "
+                          "portions (FedAvg and its parallel variants; part-1 of SFL, "
+                          "its variants, SplitFedV1, Hydra and MergeSFL; SplitFedV1's "
+                          "part-2 copies; MultiHead's body): samples = each client's "
+                          "sample count (FedAvg's, the MultiSFL authors' code); uniform = "
+                          "1 per client (every Hydra authors' script); methods without "
+                          "such a mean keep their own rule (docs/setting.md#aggregation)",
+                          ("samples", "uniform")),
     },
     "optim": {
         "name": _f(str, "sgd", "optimiser, built once per run as an optax chain "

@@ -83,6 +83,7 @@ class MethodSection:
   local_epochs: int
   batch_size: int
   drop_last: bool
+  aggregation: str
   extra: dict[str, Any]  # the section's other keys
 
 

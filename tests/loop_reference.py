@@ -103,9 +103,14 @@ def ref_avg(trees, weights):
 
 
 def schedule(setup, data, key, round_idx):
-  """The round's random decisions, drawn exactly as the methods draw them."""
+  """The round's random decisions, drawn exactly as the methods draw them,
+  and the participants' weights in a round-end mean: their sample counts,
+  or one each under ``aggregation = "uniform"`` (taken from the data here,
+  not from the plan's own weights)."""
   plan = plan_round(setup, data, key, jnp.int32(round_idx))
-  return (plan.order_key, plan.clients, np.asarray(plan.sizes), np.asarray(plan.idx),
+  sizes = np.asarray(data.sizes)[np.asarray(plan.clients)]
+  weights = np.ones(len(sizes)) if setup.aggregation == "uniform" else sizes
+  return (plan.order_key, plan.clients, weights, np.asarray(plan.idx),
           np.asarray(plan.mask), float(plan.lr))
 
 
@@ -130,7 +135,7 @@ def ref_fedavg(setup, data, key, rounds):
   params, stats = fedavg.init(setup, key).params, fedavg.init(setup, key).stats
   losses = []
   for r in range(rounds):
-    _, clients, sizes, idx, mask, lr = schedule(
+    _, clients, weights, idx, mask, lr = schedule(
         setup, data, jax.random.fold_in(key, r), r)
     outs, lsum = [], 0.0
     for c in range(len(clients)):
@@ -144,8 +149,8 @@ def ref_fedavg(setup, data, key, rounds):
         s = ns
         lsum += float(l) * mask[t, c].sum()
       outs.append((p, s))
-    params = ref_avg([o[0] for o in outs], sizes)
-    stats = ref_avg([o[1] for o in outs], sizes)
+    params = ref_avg([o[0] for o in outs], weights)
+    stats = ref_avg([o[1] for o in outs], weights)
     losses.append(lsum / mask.sum())
   return (params, stats), losses
 
@@ -179,8 +184,8 @@ class RefServer:
     pass
 
 
-def sample_weighted(part1, stats1, p1, s1, sizes):
-  return ref_avg(p1, sizes), ref_avg(s1, sizes)
+def weighted_avg(part1, stats1, p1, s1, weights):
+  return ref_avg(p1, weights), ref_avg(s1, weights)
 
 
 def ref_authors_queue(order, batches, first, per_turn, pick):
@@ -250,17 +255,17 @@ def authors_sequence(setup, order_key, mask, clients, dominant, label_rank):
 
 
 def ref_split_events(setup, data, key, rounds, part1, stats1, server, label_rank,
-                     starts=None, aggregate=sample_weighted, before_visit=None):
+                     starts=None, aggregate=weighted_avg, before_visit=None):
   """:func:`ref_split` under ``order_rule="authors"``: the server takes the
   client batches one at a time in the queue's order, each client runs
   forward right before and backward right after its own server step.
-  ``before_visit(r, client id, p1, s1, sizes)`` (if given) sees the clients'
+  ``before_visit(r, client id, p1, s1, weights)`` (if given) sees the clients'
   part-1 copies before each server step (the server object is the caller's)."""
   model = setup.model
   losses, orders_seen = [], []
   for r in range(rounds):
     rkey = jax.random.fold_in(key, r)
-    order_key, clients, sizes, idx, mask, lr = schedule(setup, data, rkey, r)
+    order_key, clients, weights, idx, mask, lr = schedule(setup, data, rkey, r)
     seq, steps_of = authors_sequence(setup, order_key, mask, clients, data.dominant,
                                      label_rank)
     clients = np.asarray(clients)
@@ -276,7 +281,7 @@ def ref_split_events(setup, data, key, rounds, part1, stats1, server, label_rank
       t = steps_of[c][served[c]]
       served[c] += 1
       if before_visit is not None:
-        before_visit(r, int(clients[c]), p1, s1, sizes)
+        before_visit(r, int(clients[c]), p1, s1, weights)
       x, y = gather(data, idx[t, c])
       act, new_s1 = ref_fwd(model, p1[c], s1[c], x, mask[t, c])
       l, g_act = server.serve(act, y, mask[t, c], lr, clients[c], x)
@@ -285,13 +290,13 @@ def ref_split_events(setup, data, key, rounds, part1, stats1, server, label_rank
       p1[c], b1[c] = ref_client_sgd(p1[c], g1, b1[c], lr, setup)
       s1[c] = new_s1
     server.end_round()
-    part1, stats1 = aggregate(part1, stats1, p1, s1, sizes)
+    part1, stats1 = aggregate(part1, stats1, p1, s1, weights)
     losses.append(lsum / mask.sum())
   return (part1, stats1), losses, orders_seen
 
 
 def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank,
-              starts=None, aggregate=sample_weighted):
+              starts=None, aggregate=weighted_avg):
   """The split family's shared loop reference: per round and batch step,
   clients forward, ``server.serve`` per client in the processing order,
   clients backward; then ``aggregate`` the client portions (sample-weighted
@@ -305,7 +310,7 @@ def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank,
   losses, orders_seen = [], []
   for r in range(rounds):
     rkey = jax.random.fold_in(key, r)
-    order_key, clients, sizes, idx, mask, lr = schedule(setup, data, rkey, r)
+    order_key, clients, weights, idx, mask, lr = schedule(setup, data, rkey, r)
     orders = np.asarray(processing_orders(
         setup.order, order_key, idx.shape[0], clients, data.dominant, label_rank))
     clients = np.asarray(clients)
@@ -334,7 +339,7 @@ def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank,
         p1[c], b1[c] = ref_client_sgd(p1[c], g1, b1[c], lr, setup)
         s1[c] = new_s1[c]
     server.end_round()
-    part1, stats1 = aggregate(part1, stats1, p1, s1, sizes)
+    part1, stats1 = aggregate(part1, stats1, p1, s1, weights)
     losses.append(lsum / mask.sum())
   return (part1, stats1), losses, orders_seen
 

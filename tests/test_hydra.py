@@ -205,10 +205,11 @@ CASES = {
     # part-2a = a BatchNorm conv stage, heads = both dense stages
     "fixed-cut1": {"sizes": [13, 7, 20, 5], "order": "fixed", "n": 4,
                    "opts": {"head_cut": 2}, "cut": 1},
-    # the authors' server queue: random picks per server step, turns of 2
+    # the authors' server queue: random picks per server step, turns of 2;
+    # their uniform mean of part-1
     "random-authors-G2": {"sizes": [13, 7, 20, 5, 9, 11], "order": "random", "n": 5,
                           "opts": {"groups": 2, "superclasses": "consecutive"},
-                          "setup": {"order_rule": "authors"}},
+                          "setup": {"order_rule": "authors", "aggregation": "uniform"}},
     "cyclic-authors-turns": {"sizes": [13, 7, 20, 5, 9, 11], "order": "cyclic", "n": 6,
                              "opts": {}, "setup": {"order_rule": "authors",
                                                    "batches_per_turn": 2}},
@@ -469,10 +470,10 @@ def ref_step_models(setup, data_, key, ref_server, model_of):
   state_models, labels, prev = [], [], [None]
   dominant = np.asarray(data_.dominant)
 
-  def before(r, client, p1, s1, sizes):
+  def before(r, client, p1, s1, weights):
     lab = int(dominant[client])
     if prev[0] is not None and lab != prev[0]:
-      part1, stats1 = ref_avg(p1, sizes), ref_avg(s1, sizes)
+      part1, stats1 = ref_avg(p1, weights), ref_avg(s1, weights)
       state_models.append(model_of(part1, stats1, ref_server))
       labels.append(prev[0])
     prev[0] = lab

@@ -84,10 +84,43 @@ def test_a_round_of_empty_participants_keeps_the_model(mod):
       new.params if mod is fedavg else new.part1))
 
 
-@pytest.mark.parametrize("client_exec", ["vmap", "unroll"])
-def test_splitfedv1_equals_fedavg(client_exec):
+def unequal_participants(setup, data, key, rounds):
+  """Guard: every round's participants hold different sample counts, so
+  uniform and sample weights give different means."""
+  for r in range(rounds):
+    plan = plan_round(setup, data, jax.random.fold_in(key, r), jnp.int32(r))
+    assert len(set(np.asarray(plan.sizes).tolist())) > 1
+
+
+@pytest.mark.parametrize("mod", [fedavg, sfl], ids=["fedavg", "sfl"])
+def test_uniform_aggregation_equals_loop(mod):
+  """``method.aggregation = "uniform"`` (the Hydra authors' scripts): one
+  weight a client in the round-end mean, through the parallel engine's
+  average and the split engine's ``client_final``; the loops weigh from
+  the data, not from the plan."""
+  data = make_fed_data([13, 7, 20, 5], dominant=np.array([2, 0, 1, 0], np.int32))
+  setup = make_setup(tiny_model(), data, clients_per_round=3, aggregation="uniform")
+  key = jax.random.key(21)
+  unequal_participants(setup, data, key, 2)
+  state, losses = run_rounds(mod, setup, data, key, 2)
+  if mod is fedavg:
+    (p, s), ref_losses = ref_fedavg(setup, data, key, 2)
+    chex.assert_trees_all_close(state.params, p, **TOL)
+    chex.assert_trees_all_close(state.stats, s, **TOL)
+  else:
+    (p1, s1, p2, s2), ref_losses, _ = ref_sfl(setup, data, key, 2)
+    chex.assert_trees_all_close(state.part1, p1, **TOL)
+    chex.assert_trees_all_close(state.part1_stats, s1, **TOL)
+    chex.assert_trees_all_close(state.part2, p2, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+
+
+@pytest.mark.parametrize("client_exec,aggregation", [
+    ("vmap", "samples"), ("unroll", "samples"), ("vmap", "uniform")])
+def test_splitfedv1_equals_fedavg(client_exec, aggregation):
   data = make_fed_data([13, 7, 20, 5])
-  setup = make_setup(tiny_model(), data, local_epochs=2, client_exec=client_exec)
+  setup = make_setup(tiny_model(), data, local_epochs=2, client_exec=client_exec,
+                     aggregation=aggregation)
   key = jax.random.key(4)
   s_v1, l_v1 = run_rounds(splitfedv1, setup, data, key, 2)
   s_fa, l_fa = run_rounds(fedavg, setup, data, key, 2)

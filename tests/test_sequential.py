@@ -900,7 +900,7 @@ def ref_parallel(setup, data, key, rounds, method, term=True):
   fisher_prev = []  # (client id, F, trained params) of the previous round
   losses, regs = [], []
   for r in range(rounds):
-    _, clients, sizes, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
+    _, clients, weights, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
     outs, ce_sum, reg_sum, fisher_now = [], 0.0, 0.0, []
     for c in range(len(clients)):
       cid = int(clients[c])
@@ -941,8 +941,8 @@ def ref_parallel(setup, data, key, rounds, method, term=True):
           tot = jax.tree.map(jnp.add, tot, sq)
           cnt += float(m.sum()) if o.fisher == "sample" else 1.0
         fisher_now.append((cid, jax.tree.map(lambda a: a / max(cnt, 1.0), tot), p))
-    params = ref_avg([q for q, _ in outs], sizes)
-    stats = ref_avg([q for _, q in outs], sizes)
+    params = ref_avg([q for q, _ in outs], weights)
+    stats = ref_avg([q for _, q in outs], weights)
     fisher_prev = fisher_now
     losses.append(ce_sum / mask.sum())
     regs.append(reg_sum / mask.sum())

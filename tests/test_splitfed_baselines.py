@@ -244,7 +244,7 @@ def ref_multihead(setup, data, key, rounds):
   heads_s = [rows(st.heads_stats, k) for k in range(setup.num_clients)]
   losses = []
   for r in range(rounds):
-    _, clients, sizes, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
+    _, clients, weights, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
     outs, lsum = [], 0.0
     for i, c in enumerate(np.asarray(clients)):
       p, s = body + heads[c], body_s + heads_s[c]
@@ -259,8 +259,8 @@ def ref_multihead(setup, data, key, rounds):
         lsum += float(l) * mask[t, i].sum()
       heads[c], heads_s[c] = p[h:], s[h:]
       outs.append((p[:h], s[:h]))
-    body = ref_avg([o[0] for o in outs], sizes)
-    body_s = ref_avg([o[1] for o in outs], sizes)
+    body = ref_avg([o[0] for o in outs], weights)
+    body_s = ref_avg([o[1] for o in outs], weights)
     losses.append(lsum / mask.sum())
   return (body, body_s, heads, heads_s), losses
 
@@ -277,10 +277,12 @@ def test_multihead_head_cut_option():
     multihead.head_cut(PARTIAL.replace(options=MultiHeadOptions(head_cut=4)))
 
 
-def test_multihead_equals_loop():
+@pytest.mark.parametrize("aggregation", ["samples", "uniform"])
+def test_multihead_equals_loop(aggregation):
+  setup = MH.replace(aggregation=aggregation)
   key = jax.random.key(13)
-  state, losses = run_rounds(multihead, MH, DATA, key, 2)
-  (body, body_s, heads, heads_s), ref_losses = ref_multihead(MH, DATA, key, 2)
+  state, losses = run_rounds(multihead, setup, DATA, key, 2)
+  (body, body_s, heads, heads_s), ref_losses = ref_multihead(setup, DATA, key, 2)
   chex.assert_trees_all_close(state.body, body, **TOL)
   chex.assert_trees_all_close(state.body_stats, body_s, **TOL)
   for k in range(MH.num_clients):
@@ -341,7 +343,7 @@ def ref_mergesfl(setup, data, key, rounds):
   part2, stats2, b2 = st.part2, st.part2_stats, zeros_like(st.part2)
   losses = []
   for r in range(rounds):
-    _, clients, sizes, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
+    _, clients, weights, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
     n = len(clients)
     p1 = [[part1] * copies for _ in range(n)]
     s1 = [[stats1] * copies for _ in range(n)]
@@ -373,22 +375,22 @@ def ref_mergesfl(setup, data, key, rounds):
         p1[c][k[c]], b1[c][k[c]] = ref_sgd(p1[c][k[c]], g1, b1[c][k[c]], lr, setup)
         s1[c][k[c]] = ns1[c]
         served[c] += 1
-    part1 = ref_avg([p[-1] for p in p1], sizes)
-    stats1 = ref_avg([s[-1] for s in s1], sizes)
+    part1 = ref_avg([p[-1] for p in p1], weights)
+    stats1 = ref_avg([s[-1] for s in s1], weights)
     losses.append(lsum / mask.sum())
   return (part1, stats1, part2, stats2), losses
 
 
-MERGE_CASES = {  # (grad_scale, part1_copies, local_epochs)
-    "paper": ("merged", 1, 1), "client_mean": ("client_mean", 1, 1),
-    "authors": ("client_mean", 3, 2)}
+MERGE_CASES = {  # (grad_scale, part1_copies, local_epochs, aggregation)
+    "paper": ("merged", 1, 1, "samples"), "client_mean": ("client_mean", 1, 1, "samples"),
+    "authors": ("client_mean", 3, 2, "uniform")}  # run_mergesfl.py averages uniformly
 
 
 @pytest.mark.parametrize("case", sorted(MERGE_CASES))
 def test_mergesfl_equals_loop(case):
-  scale, copies, epochs = MERGE_CASES[case]
-  setup = PARTIAL.replace(local_epochs=epochs, options=MergeSFLOptions(
-      grad_scale=scale, part1_copies=copies))
+  scale, copies, epochs, aggregation = MERGE_CASES[case]
+  setup = PARTIAL.replace(local_epochs=epochs, aggregation=aggregation,
+                          options=MergeSFLOptions(grad_scale=scale, part1_copies=copies))
   key = jax.random.key(16)
   state, losses = run_rounds(mergesfl, setup, DATA, key, 2)
   (p1, s1, p2, s2), ref_losses = ref_mergesfl(setup, DATA, key, 2)

@@ -27,7 +27,8 @@ class RoundPlan(NamedTuple):
   """A round's random decisions and optimiser, shared by every method."""
 
   clients: jax.Array    # (n,) participating client ids, ascending
-  sizes: jax.Array      # (n,) their sample counts (aggregation weights)
+  sizes: jax.Array      # (n,) their sample counts
+  weights: jax.Array    # (n,) their weights in a round-end mean (aggregation_weights)
   idx: jax.Array        # (T, n, B) sample indices of every batch step
   mask: jax.Array       # (T, n, B) which of them exist
   order_key: jax.Array  # for the processing order of sequential methods
@@ -37,6 +38,15 @@ class RoundPlan(NamedTuple):
                         # (jsfl.core.data.round_options: batchable values traced)
   context: Any = None   # what a method's planner derives from the round's
                         # data for its hooks (Hydra: each participant's head)
+
+
+def aggregation_weights(setup: Setup, sizes):
+  """The participants' weights in a round-end mean of their portions
+  (``method.aggregation``): their sample counts (FedAvg's), or one each (the
+  Hydra authors' scripts), unnormalised."""
+  if setup.aggregation == "uniform":
+    return jnp.ones(sizes.shape, jnp.float32)
+  return sizes.astype(jnp.float32)
 
 
 def plan_round(setup: Setup, data, key, round_idx) -> RoundPlan:
@@ -51,7 +61,8 @@ def plan_round(setup: Setup, data, key, round_idx) -> RoundPlan:
   tx = setup.tx
   hp = hyper(setup, data)
   lr = round_lr(hp.lr, hp.lr_decay, hp.lr_min, round_idx, setup.lr_decay_start)
-  return RoundPlan(clients, sizes, idx, mask, k_order, tx, lr, round_options(setup, data))
+  return RoundPlan(clients, sizes, aggregation_weights(setup, sizes), idx, mask, k_order,
+                   tx, lr, round_options(setup, data))
 
 
 def fresh_opt_states(plan: RoundPlan, stacked_params):

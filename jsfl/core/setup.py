@@ -26,6 +26,11 @@ from jsfl.options import NoOptions, options_of
 # inside the server's visit of each, or side by side before the visits.
 CLIENT_PASSES = ("per_visit", "batched")
 
+# The weights of a round-end mean of the clients' portions (method.aggregation):
+# each client's sample count (FedAvg's), or one per client (every Hydra
+# authors' script averages so).
+AGGREGATIONS = ("samples", "uniform")
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Setup:
@@ -42,6 +47,7 @@ class Setup:
   order_rule: str = "authors"  # engine.schedule.RULES
   batches_per_turn: int = 1   # cyclic orders under order_rule="authors"
   drop_last: bool = False     # a client's last partial batch of an epoch is left out
+  aggregation: str = "samples"  # round-end client weights (AGGREGATIONS)
   lr: float | None = 0.05     # batchable
   lr_decay: float | None = 1.0  # batchable
   lr_min: float | None = 0.0  # batchable

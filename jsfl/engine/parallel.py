@@ -3,8 +3,9 @@
 FedAvg (McMahan et al., "Communication-Efficient Learning of Deep Networks
 from Decentralized Data", AISTATS 2017): every participant trains the whole
 model from the global one for ``local_epochs`` epochs and the server takes the
-sample-weighted mean.  FedProx, FedCurv and FedNTD (the parallel baselines of
-SFedKD's paper) are the same round whose clients minimise ``CE + term``: a
+sample-weighted mean (``method.aggregation = "uniform"``: one weight a
+client).  FedProx, FedCurv and FedNTD (the parallel baselines of SFedKD's
+paper) are the same round whose clients minimise ``CE + term``: a
 method is a :class:`ParallelAlgorithm`, built once per run, whose hooks
 receive what they read:
 
@@ -325,7 +326,7 @@ def run_round(alg: ParallelAlgorithm, setup: Setup, state: State, data, key):
     key: this round's PRNG key.
 
   Returns:
-    ``(state, metrics)``: sample-weighted average model; metrics ``loss``
+    ``(state, metrics)``: the clients' average model (``plan.weights``); metrics ``loss``
     (mean cross-entropy), ``reg_loss`` (mean extra term), ``samples``,
     ``clients``.
   """
@@ -339,8 +340,8 @@ def run_round(alg: ParallelAlgorithm, setup: Setup, state: State, data, key):
                                               (state.params, state.stats))
   extra = (state.extra if alg.next_extra is None
            else alg.next_extra(state, plan, params, stats, data))
-  new = State(weighted_mean(params, plan.sizes),
-              weighted_mean(stats, plan.sizes), state.round + 1, extra)
+  new = State(weighted_mean(params, plan.weights),
+              weighted_mean(stats, plan.weights), state.round + 1, extra)
   metrics = round_metrics(plan, sums[0])
   metrics["reg_loss"] = sums[1] / jnp.maximum(metrics["samples"], 1)
   return new, metrics

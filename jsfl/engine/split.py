@@ -28,7 +28,8 @@ trained client portions are aggregated.  A method is a
   optimiser states); ``client_select`` / ``client_place``: which of them a
   segment trains and where it goes back (default: all of them, in place);
 * ``client_final(clients, plan)``: the trained client portions to the next
-  global part-1 (default: sample-weighted mean; None keeps them apart);
+  global part-1 (default: their mean under ``method.aggregation``; None keeps
+  them apart);
 * ``plan(setup, state, data, key)``: the round's random decisions (default
   :func:`plan_at_round`: :func:`jsfl.core.plan.plan_round` at ``state.round``); a
   method's planner may put what it derives from the data into
@@ -207,14 +208,16 @@ class Step(NamedTuple):
                        # under batch_steps)
 
 
-def sample_weighted(clients: Portion, plan):
-  """The sample-weighted mean of the trained client portions (FedAvg's)."""
-  return (weighted_mean(clients.params, plan.sizes),
-          weighted_mean(clients.stats, plan.sizes))
+def averaged(clients: Portion, plan):
+  """The mean of the trained client portions under the run's aggregation
+  weights (``plan.weights``: sample counts, FedAvg's, or one per client)."""
+  return (weighted_mean(clients.params, plan.weights),
+          weighted_mean(clients.stats, plan.weights))
 
 
 def uniform(clients: Portion, plan):
-  """The plain mean of the trained client portions."""
+  """The plain mean of the trained client portions, whatever the run's
+  aggregation (SplitFedV3's part-2 copies)."""
   w = jnp.ones_like(plan.sizes, jnp.float32)
   return weighted_mean(clients.params, w), weighted_mean(clients.stats, w)
 
@@ -289,7 +292,7 @@ class SplitAlgorithm:
   server_rule: ServerRule
   schedule: Schedule
   client_init: ClientInit = global_part1
-  client_final: ClientFinal | None = sample_weighted
+  client_final: ClientFinal | None = averaged
   client_select: ClientSelect | None = None
   client_place: ClientPlace | None = None
   plan: Planner = plan_at_round

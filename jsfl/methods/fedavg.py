@@ -2,7 +2,8 @@
 from Decentralized Data", AISTATS 2017 (docs/methods-splitfed.md, "FL / FedAvg").
 
 Each participating client trains the whole model for ``local_epochs`` epochs
-from the global model; the server takes the sample-weighted mean.  This is
+from the global model; the server takes the sample-weighted mean
+(``method.aggregation = "uniform"``: the plain mean, as the Hydra authors' FL).  This is
 the parallel round (``jsfl.engine.parallel``) with no hooks; FedProx,
 FedCurv and FedNTD are the same round with a loss term.
 """

@@ -13,7 +13,8 @@ balanced assignment (``group_clients``, the corrected Algorithm 2).  In a
 server step the client's batch goes through part-2a and the head of its
 group, and only part-2a and that head are updated (the head is gathered
 from the stack by index and scattered back; no Python indexing by client).
-At round end part-1 copies are averaged sample-weighted and the G
+At round end part-1 copies are averaged (sample-weighted, or uniformly under
+``method.aggregation = "uniform"`` as in the authors' code) and the G
 heads are averaged uniformly and copied back into every head, so the output
 model is part-1 + part-2a + the averaged head.
 

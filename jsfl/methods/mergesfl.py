@@ -14,7 +14,8 @@ per batch step:
 3. the cut-layer gradient is sliced back to the clients, which update
    their part-1 (clients without a batch are left unchanged).
 
-At round end the part-1 copies are averaged sample-weighted.  Two options
+At round end the part-1 copies are averaged sample-weighted (uniformly under
+``method.aggregation = "uniform"``, as ``run_mergesfl.py`` does).  Two options
 follow the Hydra authors' ``run_mergesfl.py`` by default: ``grad_scale =
 "client_mean"``, a client gets the gradient of its own batch's mean loss
 (the merged gradient times the step's valid samples over the client's own,
@@ -113,7 +114,7 @@ def place_copy(copies: int):
 def last_copy_averaged(clients: Portion, plan):
   """The round's part-1: the participants' last copy, averaged as SFL's."""
   last = jax.tree.map(lambda a: a[:, -1], clients)
-  return split.sample_weighted(last, plan)
+  return split.averaged(last, plan)
 
 
 def build(setup: Setup) -> split.SplitRounds:

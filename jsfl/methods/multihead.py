@@ -5,7 +5,7 @@ adapted by Hydra (AAAI 2026, Appendix B) for its comparison.  docs/methods-split
 FL (each participant trains the whole model for ``local_epochs`` epochs, the
 parallel engine's local training, ``jsfl.engine.parallel.participants_training``)
 with the model cut at ``head_cut``: the body,
-stages ``[0, head_cut)``, is averaged sample-weighted at round end; the head,
+stages ``[0, head_cut)``, is averaged at round end (``method.aggregation``); the head,
 stages ``[head_cut, end)``, is kept per client.  The state holds all ``K``
 heads stacked on a leading client axis; a round gathers the participants'
 heads by client id and scatters them back, so non-participants' heads are
@@ -99,8 +99,8 @@ def round(setup: Setup, state: State, data, key):
   # a client's whole model trains locally, as in FedAvg; only the body is averaged
   params, stats, sums = parallel.participants_training(setup, plan, data, params, stats)
   new = dataclasses.replace(state,
-      body=weighted_mean(params[:h], plan.sizes),
-      body_stats=weighted_mean(stats[:h], plan.sizes),
+      body=weighted_mean(params[:h], plan.weights),
+      body_stats=weighted_mean(stats[:h], plan.weights),
       heads=put_rows(state.heads, plan.clients, params[h:]),
       heads_stats=put_rows(state.heads_stats, plan.clients, stats[h:]),
       round=state.round + 1)

@@ -15,7 +15,8 @@ SplitNN, MergeSFL, label smoothing) share with it is in
 :mod:`jsfl.engine.sfl_family`.
 
 At round end the part-1 copies (and their BatchNorm statistics) are averaged
-sample-weighted.  Clients without a batch at a step are masked out of the
+sample-weighted, or uniformly under ``method.aggregation = "uniform"`` (the
+Hydra authors' scripts).  Clients without a batch at a step are masked out of the
 scan (the server skips them) and their part-1 is left unchanged; partial
 participation samples ``clients_per_round`` of ``K`` clients per round.
 

@@ -24,7 +24,7 @@ Decisions and departures:
 * With an odd number of participants the unmutated start is placed at a
   random position of the per-layer arrangement; the authors always leave the
   last sampled client unmutated.
-* Aggregation is SFL's sample-weighted mean.
+* Aggregation is SFL's mean (``method.aggregation``).
 * ``mutation_beta`` (beta_t of the starts used) and ``mutation_norm``
   (``||g||``) are logged.
 """

@@ -7,7 +7,7 @@ et al., AAAI 2025, Sec. "Experimental Results") runs it, FedExp and FedMut
 "in their SFL versions"; it publishes no details, so jsfl's SFL form is SFL
 (``jsfl.methods.sfl``: client portions in parallel, ONE server portion
 updated sequentially in the processing order, client portions averaged
-sample-weighted) with FedNTD's loss at the server:
+under ``method.aggregation``) with FedNTD's loss at the server:
 ``CE + beta * tau^2 * KL(q~_global || q~_local)`` over the not-true classes
 (:func:`jsfl.engine.ntd.ntd_loss`, shared with the parallel FedNTD).  The teacher is
 the round's starting global model (client portion + server portion, frozen,

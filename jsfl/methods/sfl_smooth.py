@@ -5,7 +5,7 @@ Label smoothing: Szegedy et al., "Rethinking the Inception Architecture for
 Computer Vision", CVPR 2016, Sec. 7.  The server portion is trained on the
 cross-entropy against ``(1 - eps) * onehot(y) + eps / L``; everything else is
 SFL (:mod:`jsfl.engine.sfl_family`): one sequential server portion, client portions
-averaged sample-weighted.  ``eps = 0`` is SFL exactly (tested).  The logged
+averaged (``method.aggregation``).  ``eps = 0`` is SFL exactly (tested).  The logged
 ``loss`` is the smoothed objective.
 """
 

@@ -3,7 +3,8 @@ Learning", AAAI 2022 (docs/methods-splitfed.md).
 
 Per participating client a copy of part-1 (at the client) and a copy of part-2
 (at the server), trained in parallel on that client's data with the cut-layer
-exchange of split learning; both averaged sample-weighted at round end.  The
+exchange of split learning; both averaged sample-weighted at round end
+(uniformly under ``method.aggregation = "uniform"``).  The
 math equals FedAvg's (tested); the split is kept so communication and any
 per-portion option stay honest.  All clients are one program
 (``map_clients``); the server copies live one round, like their optimiser
@@ -38,14 +39,14 @@ def init(setup: Setup, key) -> State:
 
 
 def finish(setup: Setup, state: State, out: split.SplitRound):
-  part2, stats2 = split.sample_weighted(out.server, out.plan)
+  part2, stats2 = split.averaged(out.server, out.plan)
   new = State(out.part1, out.part1_stats, part2, stats2, state.round + 1)
   return new, split.metrics(out)
 
 
 def build(setup: Setup) -> split.SplitRounds:
   """SplitFedV1 for a run: a part-2 copy per participant, both portions
-  averaged sample-weighted; metrics ``loss``, ``samples`` and ``clients``
+  averaged (``method.aggregation``); metrics ``loss``, ``samples`` and ``clients``
   (the split family's; no ``reg_loss``, which FedAvg's round logs as 0)."""
   alg = split.SplitAlgorithm(server_init=split.part2_copies,
                              server_rule=split.own_part2(setup), schedule=split.batch_steps)

@@ -23,7 +23,7 @@ from jsfl.core.method import (
   split_communication,
 )
 from jsfl.core.optim import gate, with_lr
-from jsfl.core.plan import RoundPlan, plan_round
+from jsfl.core.plan import RoundPlan, aggregation_weights, plan_round
 from jsfl.core.portion import Portion, fresh_stack
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast
@@ -232,7 +232,7 @@ def plan(setup: Setup, state: State, data, key) -> RoundPlan:
   processing order is drawn from it, the branches being served side by
   side), with the decisions in its context."""
   d = decide(setup, state, data, key)
-  return RoundPlan(d.clients, d.sizes, d.idx, d.mask, key,
+  return RoundPlan(d.clients, d.sizes, aggregation_weights(setup, d.sizes), d.idx, d.mask, key,
                    setup.tx, d.lr,
                    options(setup, data), Context(d, data))
 
