@@ -121,11 +121,20 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "partition": {
         "name": _f(str, "iid", "partition family (docs/setting.md#partitions)",
                    ("iid", "dirichlet", "dominant_label", "sharding", "exdir", "labelwise",
-                    "distribution", "flower_dirichlet", "flower_shard", "natural")),
+                    "distribution", "flower_dirichlet", "flower_shard", "flower_iid",
+                    "natural")),
         "num_clients": _f(int, 10, "clients K", range="[1, 100000]"),
         "seed": _f(int, -1, "seed of the partition draw: -1 = each run's own seed (a draw "
                    "per seed); >= 0 = this one draw for every seed (the Hydra authors' "
                    "code: 2020)", range=f"[-1, {INT32_MAX}]"),
+        "train_size": _f(float, 1.0, "the fraction of each client's samples it trains "
+                         "on, kept as Hugging Face's train_test_split(train_size, "
+                         "seed=train_split_seed) keeps it (jsfl.partitions.train_split): "
+                         "the Hydra authors' Flower paths keep 0.8 (0.9 on CIFAR-100); "
+                         "1 = all of them", range="(0, 1]"),
+        "train_split_seed": _f(int, 42, "seed of train_size's permutation (the same for "
+                               "every client, as the authors' code)",
+                               range=f"[0, {INT32_MAX}]"),
     },
     "model": {
         "name": _f(str, "small_cnn", "model"),
@@ -180,6 +189,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "drop_last": _f(bool, False, "leave out every client's last partial batch of an "
                         "epoch (PyTorch's DataLoader drop_last; the Hydra authors' code "
                         "drops it)"),
+        "shuffle": _f(bool, True, "reshuffle every client's samples each epoch; false = "
+                      "batches in the order the client holds its samples, the same "
+                      "every epoch (PyTorch's DataLoader without shuffle: the Hydra "
+                      "authors' Flower paths, whose order is Flower's and train_size's)"),
         "aggregation": _f(str, "samples", "weights of the round-end mean of the clients' "
                           "portions (FedAvg and its parallel variants; part-1 of SFL, "
                           "its variants, SplitFedV1, Hydra and MergeSFL; SplitFedV1's "

@@ -51,6 +51,8 @@ class PartitionSection:
   name: str
   num_clients: int
   seed: int
+  train_size: float
+  train_split_seed: int
   extra: dict[str, Any]  # the section's other keys
 
 
@@ -83,6 +85,7 @@ class MethodSection:
   local_epochs: int
   batch_size: int
   drop_last: bool
+  shuffle: bool
   aggregation: str
   extra: dict[str, Any]  # the section's other keys
 

@@ -51,6 +51,23 @@ def test_epochs_are_reshuffled():
   assert not np.array_equal(first, second)
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_unshuffled_batches_follow_the_rows_every_epoch(drop_last):
+  """method.shuffle = false (the Hydra authors' Flower loaders): each
+  client's batches in its row's order, the same every epoch; the last
+  partial batch kept, or under drop_last the same remainder left out."""
+  table = jnp.array([[7, 5, 6, 0, 0], [9, 1, 4, 3, 2], [8, 0, 0, 0, 0]], jnp.int32)
+  sizes = jnp.array([3, 5, 1])
+  idx, mask = batching.round_batches(jax.random.key(0), table, sizes, 2, 3,
+                                     drop_last=drop_last, shuffle=False)
+  idx, mask = np.asarray(idx).reshape(3, 3, 3, 2), np.asarray(mask).reshape(3, 3, 3, 2)
+  for c, row in enumerate([[7, 5, 6], [9, 1, 4, 3, 2], [8]]):
+    want = row[:len(row) // 2 * 2] if drop_last else row
+    for e in range(3):
+      assert idx[e, :, c][mask[e, :, c]].tolist() == want
+  assert mask[0, :, 0].sum(1).tolist() == ([2, 0, 0] if drop_last else [2, 1, 0])
+
+
 def _orders(order, steps=4):
   clients = jnp.array([0, 2, 3, 5, 7], jnp.int32)
   dominant = jnp.array([1, 0, 2, 0, 1, 2, 0, 1], jnp.int32)   # K = 8, L = 3

@@ -221,7 +221,7 @@ def test_label_counts_dominant_labels_index_table():
 def test_partitions_registry_defaults_are_used():
   assert set(P.PARTITIONS) == {"iid", "dirichlet", "dominant_label",
                                "sharding", "exdir", "labelwise", "distribution",
-                               "flower_dirichlet", "flower_shard", "natural"}
+                               "flower_dirichlet", "flower_shard", "flower_iid", "natural"}
   a = P.make_partition("dominant_label", Y, 10, seed=0)
   b = P.make_partition("dominant_label", Y, 10, seed=0, p=0.8, phi=1)
   for x, z in zip(a, b):
@@ -381,10 +381,21 @@ def test_distribution_is_flowers_split(case):
                            other=ref["other"], labels_per_client=per, preassigned=pre)
   assert [len(p) for p in parts] == want["sizes"]
   assert mod.digest(parts) == want["sha256"]
+  assert_flowers_order(mod, parts, want)
   assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))
   other = P.make_partition("distribution", y, K, seed=ref["seed"] + 1,
                            labels_per_client=per, preassigned=pre)
   assert mod.digest(other) != want["sha256"]  # the remainders land elsewhere
+
+
+def assert_flowers_order(mod, parts, want):
+  """The lists in Flower's order (its shuffle), and what each client
+  trains on in the authors' code: the train side of Hugging Face's
+  train_test_split of that list, run by ``datasets`` itself."""
+  assert mod.digest(parts, ordered=True) == want["sha256_order"]
+  train = P.train_split(parts, want["train_size"], 42)
+  assert [len(p) for p in train] == want["train_sizes"]
+  assert mod.digest(train, ordered=True) == want["sha256_train"]
 
 
 def _flower_reference():
@@ -410,6 +421,7 @@ def test_flower_dirichlet_is_flowers_split(case):
                            min_size=min_size, self_balancing=balancing)
   assert [len(p) for p in parts] == want["sizes"]
   assert mod.digest(parts) == want["sha256"]
+  assert_flowers_order(mod, parts, want)
   assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))
 
 
@@ -424,8 +436,22 @@ def test_flower_shard_is_flowers_split(case):
   parts = P.make_partition("flower_shard", y, K, seed=ref["seed"], shards_per_client=per)
   assert [len(p) for p in parts] == want["sizes"]
   assert mod.digest(parts) == want["sha256"]
+  assert_flowers_order(mod, parts, want)
   if case == "one_shard_sorted":  # one class a client: the authors' Tiny-ImageNet split
     assert all(len(set(y[p].tolist())) == 1 for p in parts)
+
+
+@pytest.mark.parametrize("case", ["even", "uneven"])
+def test_flower_iid_is_flowers_split(case):
+  """Fingerprints written by Flower Datasets' IidPartitioner (contiguous
+  shards of a real ``datasets.Dataset``)."""
+  mod, ref = _flower_reference()
+  (_, n, K), = [c for c in mod.iid_cases() if c[0] == case]
+  want = ref["iid"][case]
+  parts = P.make_partition("flower_iid", np.zeros(n, np.int64), K, seed=0)
+  assert [len(p) for p in parts] == want["sizes"]
+  assert mod.digest(parts) == want["sha256"]
+  assert_flowers_order(mod, parts, want)
 
 
 def test_distribution_with_the_authors_values_is_about_40_percent_dominant():
@@ -469,3 +495,57 @@ def test_labelwise_shares_rounding_and_unheld_samples():
     for part in parts:
       assert np.all(np.diff(part) > 0)
     np.testing.assert_array_equal(P.dominant_labels(counts), np.arange(L))
+
+
+def test_train_split_keeps_hugging_faces_train_side():
+  """Hugging Face's rule for one client (n = 5 at 0.8: floor 4 kept, the
+  permutation's first entry held out; checked against ``datasets`` 2.19 in
+  flower_reference.json's cases), 1 keeps every array as it is, and a
+  client too small for a training part holds nothing (``datasets`` raises)."""
+  p = np.array([10, 11, 12, 13, 14])
+  perm = np.random.default_rng(42).permutation(5)
+  (got,) = P.train_split([p], 0.8, 42)
+  np.testing.assert_array_equal(got, p[perm[1:]])
+  assert got.tolist() == [12, 13, 11, 10]
+  a, b = P.train_split([p, p[::-1]], 0.8, 42)  # one seed, a fresh generator a client
+  np.testing.assert_array_equal(b, p[::-1][perm[1:]])
+  same = P.train_split([p[::-1]], 1.0, 42)
+  np.testing.assert_array_equal(same[0], p[::-1])
+  assert [len(x) for x in P.train_split([p[:1], p[:0], p[:2]], 0.8, 42)] == [0, 0, 1]
+  for bad in (0.0, 1.5, -0.2):
+    with pytest.raises(ValueError, match=rf"train_size={bad}; allowed: a float in \(0, 1\]"):
+      P.train_split([p], bad, 42)
+
+
+def test_a_run_trains_on_the_authors_flower_clients(tmp_path):
+  """partition.train_size and method.shuffle = false together: each client
+  of a flower_dirichlet run holds the train side of its Flower-ordered list,
+  in that order, and its batches follow it, every epoch the same."""
+  import jax
+  import jax.numpy as jnp
+
+  from jsfl import config as config_lib
+  from jsfl.core.plan import plan_round
+  from jsfl.train import experiment, programs
+  cfg = config_lib.load_config(None, [
+      "dataset.name=synthetic", "dataset.input_shape=[4, 4, 1]", "dataset.num_classes=4",
+      "dataset.train_size=400", "partition.name=flower_dirichlet", "partition.num_clients=5",
+      "partition.seed=42", "partition.alpha=0.5", "partition.train_size=0.8",
+      "method.shuffle=false", "method.batch_size=8", "method.local_epochs=2",
+      "run.seeds=1"])
+  exp = experiment.prepare(cfg)
+  y = exp.dataset.y_train
+  want = P.train_split(P.make_partition("flower_dirichlet", y, 5, seed=42, alpha=0.5,
+                                        num_classes=4), 0.8, 42)
+  slot, shared = programs.split_data(exp.data)
+  data = programs.round_data(jax.tree.map(lambda a: a[0], slot), shared)
+  assert np.asarray(data.sizes).tolist() == [len(p) for p in want]
+  for k, p in enumerate(want):
+    assert np.asarray(data.table)[k, :len(p)].tolist() == p.tolist()
+  assert exp.setup.shuffle is False
+  plan = plan_round(exp.setup, data, jax.random.key(3), jnp.int32(0))
+  idx, mask = np.asarray(plan.idx), np.asarray(plan.mask)
+  half = idx.shape[0] // 2
+  for c, k in enumerate(np.asarray(plan.clients)):
+    for e in (slice(None, half), slice(half, None)):
+      assert idx[e, c][mask[e, c]].tolist() == want[k].tolist()

@@ -22,7 +22,7 @@ def steps_per_epoch(max_size: int, batch_size: int) -> int:
 
 
 def epoch_batches(key, table, sizes, batch_size: int, client_ids=None,
-                  drop_last: bool = False):
+                  drop_last: bool = False, shuffle: bool = True):
   """One epoch's batches for each client row of ``table``.
 
   A client's permutation depends only on ``(key, client id, position)``, never
@@ -38,6 +38,9 @@ def epoch_batches(key, table, sizes, batch_size: int, client_ids=None,
     drop_last: leave out each client's last partial batch (a different
       remainder every epoch, as PyTorch's ``DataLoader(shuffle=True,
       drop_last=True)``); a client smaller than B then has no batch.
+    shuffle: False takes each client's samples in its row's order (the same
+      batches every epoch, as ``DataLoader(shuffle=False)``; with
+      ``drop_last`` the same remainder left out).
 
   Returns:
     ``(idx, mask)`` of shape ``(nb, n, B)``: sample indices and validity, with
@@ -49,9 +52,12 @@ def epoch_batches(key, table, sizes, batch_size: int, client_ids=None,
   valid = pos[None, :] < sizes[:, None]
   if client_ids is None:
     client_ids = jnp.arange(n)
-  u = jax.vmap(lambda c: jax.random.uniform(jax.random.fold_in(key, c), (max_n,)))(
-      client_ids)
-  perm = jnp.argsort(jnp.where(valid, u, 2.0), axis=1)
+  if shuffle:
+    u = jax.vmap(lambda c: jax.random.uniform(jax.random.fold_in(key, c), (max_n,)))(
+        client_ids)
+    perm = jnp.argsort(jnp.where(valid, u, 2.0), axis=1)
+  else:  # a row's valid entries come first
+    perm = jnp.broadcast_to(pos, (n, max_n))
   pad = nb * batch_size - max_n
   perm = jnp.pad(perm, ((0, 0), (0, pad)))
   idx = jnp.take_along_axis(table, jnp.minimum(perm, max_n - 1), axis=1)
@@ -63,9 +69,11 @@ def epoch_batches(key, table, sizes, batch_size: int, client_ids=None,
 
 
 def round_batches(key, table, sizes, batch_size: int, epochs: int,
-                  client_ids=None, drop_last: bool = False):
-  """``epochs`` freshly shuffled epochs concatenated: ``(E*nb, n, B)``."""
+                  client_ids=None, drop_last: bool = False, shuffle: bool = True):
+  """``epochs`` freshly shuffled epochs (``shuffle``: or the same unshuffled
+  one) concatenated: ``(E*nb, n, B)``."""
   keys = jax.random.split(key, epochs)
   idx, mask = jax.vmap(
-      lambda k: epoch_batches(k, table, sizes, batch_size, client_ids, drop_last))(keys)
+      lambda k: epoch_batches(k, table, sizes, batch_size, client_ids, drop_last,
+                              shuffle))(keys)
   return (idx.reshape((-1,) + idx.shape[2:]), mask.reshape((-1,) + mask.shape[2:]))

@@ -57,7 +57,7 @@ def plan_round(setup: Setup, data, key, round_idx) -> RoundPlan:
   sizes = data.sizes[clients]
   idx, mask = batching.round_batches(k_batch, data.table[clients], sizes,
                                      setup.batch_size, setup.local_epochs, clients,
-                                     drop_last=setup.drop_last)
+                                     drop_last=setup.drop_last, shuffle=setup.shuffle)
   tx = setup.tx
   hp = hyper(setup, data)
   lr = round_lr(hp.lr, hp.lr_decay, hp.lr_min, round_idx, setup.lr_decay_start)

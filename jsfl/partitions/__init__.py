@@ -1,7 +1,9 @@
 """Seeded data partitions over K clients (docs/setting.md#partitions).
 
 A partition maps a label vector to K disjoint per-client index arrays (int64,
-each sorted ascending).  Methods and their options, with defaults:
+each sorted ascending, but for the ``flower_*`` and ``distribution``
+partitions, which keep the order Flower hands a client its samples in).
+Methods and their options, with defaults:
 
 * ``iid``: shuffle and split into K near-equal parts.
 * ``dirichlet(alpha=0.5, min_size=10, self_balancing=False)``: per-class
@@ -21,15 +23,17 @@ each sorted ascending).  Methods and their options, with defaults:
   preassigned=20)``: Flower's ``DistributionPartitioner`` as the Hydra
   authors' code draws CIFAR-100's superclass split (each label's samples cut
   in dataset order by a weight matrix, client p taking piece p of each
-  label it visits), reproducing Flower's index sets.
+  label it visits), reproducing Flower's index sets and orders.
 * ``flower_dirichlet(alpha=0.5, min_size=0, self_balancing=False)``:
   Flower's ``DirichletPartitioner`` as the Hydra authors' code draws its
   CIFAR-10 Dirichlet splits (each class cut in dataset order by one
-  ``Dir(alpha)`` draw), reproducing Flower's index sets.
+  ``Dir(alpha)`` draw), reproducing Flower's index sets and orders.
 * ``flower_shard(shards_per_client=1)``: Flower's ``ShardPartitioner`` as
   the Hydra authors' code draws Tiny-ImageNet's "sharding" (shards of
   consecutive samples in stored order, permuted), reproducing Flower's
-  index sets.
+  index sets and orders.
+* ``flower_iid``: Flower's ``IidPartitioner`` as the Hydra authors' code
+  draws its IID rows: K contiguous pieces in stored order, unshuffled.
 * ``natural(group=False)``: the dataset's own client ids (pass
   ``client_ids``); with ``group`` and fewer clients than ids, each client
   holds a group of ids.
@@ -39,10 +43,14 @@ Python's ``random.Random(seed)``, as the code it reproduces; ``distribution``
 draws from it as Flower does), so a (method,
 options, labels, K, seed) tuple always gives the same partition.  Impossible
 requests raise ValueError instead of being silently adjusted.
+
+:func:`train_split` keeps part of every client's set, as the Hydra authors'
+Flower paths do with Hugging Face's ``train_test_split``.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -65,6 +73,7 @@ __all__ = [
     "index_table",
     "label_counts",
     "make_partition",
+    "train_split",
 ]
 
 # name -> {option: (type, default)}; configs are validated against this.
@@ -95,6 +104,7 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
         "self_balancing": (bool, False),
     },
     "flower_shard": {"shards_per_client": (int, 1)},
+    "flower_iid": {},
     "natural": {"group": (bool, False)},
 }
 
@@ -168,8 +178,9 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
       their defaults.
 
   Returns:
-    K disjoint int64 index arrays into ``labels``, each sorted ascending.
-    All methods except ``natural`` with fewer clients than ids,
+    K disjoint int64 index arrays into ``labels``, each sorted ascending
+    (``distribution`` and the ``flower_*`` partitions: in Flower's
+    order).  All methods except ``natural`` with fewer clients than ids,
     ``labelwise`` (its rounding) and ``flower_shard`` (the samples past
     the last whole shard) cover every sample.
 
@@ -207,6 +218,8 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
   rng = np.random.default_rng(int(seed))
   if name == "iid":
     return _iid.iid(labels, num_clients, rng)
+  if name == "flower_iid":
+    return _iid.flower_iid(labels, num_clients)
   if name == "natural":
     return _natural.natural(labels, num_clients, rng, client_ids=client_ids, **opts)
   method = {"dirichlet": _dirichlet.dirichlet,
@@ -216,6 +229,40 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
             "flower_dirichlet": _flower_dirichlet.flower_dirichlet,
             "flower_shard": _flower_shard.flower_shard}[name]
   return method(labels, num_clients, num_classes, rng, **opts)
+
+
+def train_split(parts: list[np.ndarray], train_size: float, seed: int) -> list[np.ndarray]:
+  """The part of every client's index array it trains on, as Hugging Face
+  ``datasets``' ``Dataset.train_test_split(train_size=train_size, seed=seed)``
+  keeps it: for a client of n samples, ``n_train = floor(train_size n)``,
+  a permutation of its n positions from a fresh ``np.random.default_rng(seed)``
+  (the same seed for every client), its first ``n - n_train`` entries the
+  held-out part and the rest the training part, in that order.  The Hydra
+  authors' Flower paths train each client on that part (0.8; 0.9 on
+  CIFAR-100) in that order.  ``train_size = 1`` keeps every array as it is.
+  A client whose training part would be empty (fewer than ``1 / train_size``
+  samples, where ``datasets`` raises) holds nothing.
+
+  Args:
+    parts: K index arrays, in the order the client holds them.
+    train_size: the kept fraction, in ``(0, 1]``.
+    seed: the permutation's seed (the authors': 42), >= 0.
+
+  Returns:
+    K int64 arrays.
+  """
+  if not (isinstance(train_size, numbers.Real) and 0 < train_size <= 1):
+    raise ValueError(f"train_size={train_size!r}; allowed: a float in (0, 1]")
+  if train_size == 1:
+    return [np.asarray(p, dtype=np.int64) for p in parts]
+  out = []
+  for p in parts:
+    p = np.asarray(p, dtype=np.int64)
+    n = len(p)
+    n_train = math.floor(float(train_size) * n)  # Python's float product, as theirs
+    perm = np.random.default_rng(seed).permutation(n)
+    out.append(p[perm[n - n_train:]] if n_train else p[:0])
+  return out
 
 
 def label_counts(parts: list[np.ndarray], labels: np.ndarray,

@@ -16,7 +16,10 @@ What that does, in order:
    joins one column drawn uniformly (one draw per label, labels ascending,
    from ``np.random.default_rng(seed)``);
 3. client p visits the labels ``p, p + 1, ...`` (mod L), ``labels_per_client``
-   of them, and takes the next piece of each it has not given out yet.
+   of them, and takes the next piece of each it has not given out yet;
+4. each client's pieces, in that order, are shuffled by the same generator
+   (:func:`jsfl.partitions.iid.flower_order`): the order the authors'
+   clients read their data in.
 
 With the authors' values (0.5 / 0.03, 20 pre-assigned, K = L = 20, every
 client visiting all 20 labels) client p holds piece p of every label, so its
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jsfl.partitions.iid import class_indices, split_by_owner
+from jsfl.partitions.iid import class_indices, flower_order
 
 
 def distribution(labels: np.ndarray, num_clients: int, num_classes: int, seed: int, *,
@@ -52,8 +55,7 @@ def distribution(labels: np.ndarray, num_clients: int, num_classes: int, seed: i
     preassigned: samples of each label every column gets first (>= 0).
 
   Returns:
-    K disjoint int64 index arrays, each sorted ascending, covering every
-    sample.
+    K disjoint int64 index arrays in Flower's order, covering every sample.
 
   Raises:
     ValueError: an option out of range, K not a multiple of L, a missing
@@ -99,10 +101,10 @@ def distribution(labels: np.ndarray, num_clients: int, num_classes: int, seed: i
     j = rng.integers(0, C)  # drawn even when the rest is empty, as Flower does
     cut[j] = np.append(cut[j], rest)
     pieces.append(cut)
-  owner = np.full(len(labels), -1, dtype=np.int64)
+  given: list[list[np.ndarray]] = [[] for _ in range(K)]
   taken = [0] * L
   for client in range(K):
     for lab in np.roll(np.arange(L), -client)[:per]:
-      owner[pieces[lab][taken[lab]]] = client
+      given[client].append(pieces[lab][taken[lab]])
       taken[lab] += 1
-  return split_by_owner(owner, K)
+  return flower_order(given, rng)

@@ -10,15 +10,18 @@ consecutive pieces by proportions ``Dir(alpha 1_K)`` drawn from one
 with ``self_balancing`` a client already holding more than N / K samples
 gets no share of the later classes (the others' proportions rescaled);
 while some client holds fewer than ``min_size`` samples the whole draw is
-repeated from the same generator.  The index sets are Flower's when the
-labels are in the order of the dataset Flower read.
+repeated from the same generator.  Each client's indices then come in
+Flower's order: its pieces class by class, shuffled by the same generator
+(:func:`jsfl.partitions.iid.flower_order`), the order the authors' clients
+read their data in.  The index sets and orders are Flower's when the labels
+are in the order of the dataset Flower read.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from jsfl.partitions.iid import class_indices, split_by_owner
+from jsfl.partitions.iid import class_indices, flower_order
 
 # Flower gives up after its eleventh draw; so does this (a split past it is
 # one Flower never returns).
@@ -41,8 +44,7 @@ def flower_dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
     self_balancing: Flower's option of that name.
 
   Returns:
-    K disjoint int64 index arrays, each sorted ascending, covering every
-    sample.
+    K disjoint int64 index arrays in Flower's order, covering every sample.
 
   Raises:
     ValueError: alpha <= 0 or not finite, min_size < 0, or none of
@@ -57,7 +59,7 @@ def flower_dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
   share = len(labels) / K
   concentration = np.full(K, float(alpha))
   for _ in range(MAX_DRAWS):
-    owner = np.full(len(labels), -1, dtype=np.int64)
+    pieces: list[list[np.ndarray]] = [[] for _ in range(K)]
     held = np.zeros(K, dtype=np.int64)
     for ix in by_class:
       props = rng.dirichlet(concentration)
@@ -70,10 +72,10 @@ def flower_dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
       # truncated, the last cut dropped
       cuts = (np.cumsum(props) * len(ix)).astype(int)[:-1]
       for k, piece in enumerate(np.split(ix, cuts)):
-        owner[piece] = k
+        pieces[k].append(piece)
         held[k] += len(piece)
     if held.min() >= min_size:
-      return split_by_owner(owner, K)
+      return flower_order(pieces, rng)
   raise ValueError(f"flower_dirichlet: no draw of {MAX_DRAWS} gives every client "
                    f"min_size={min_size} samples at alpha={alpha}; allowed: a smaller "
                    "min_size or a larger alpha")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jsfl.partitions.iid import split_by_owner
+from jsfl.partitions.iid import flower_order
 
 
 def flower_shard(labels: np.ndarray, num_clients: int, num_classes: int,
@@ -31,7 +31,8 @@ def flower_shard(labels: np.ndarray, num_clients: int, num_classes: int,
     shards_per_client: s >= 1.
 
   Returns:
-    K disjoint int64 index arrays, each sorted ascending.
+    K disjoint int64 index arrays in Flower's order: a client's shards in
+    the order drawn, then shuffled by the same generator.
 
   Raises:
     ValueError: s < 1, or fewer than one sample a shard.
@@ -47,8 +48,8 @@ def flower_shard(labels: np.ndarray, num_clients: int, num_classes: int,
                      "shards_per_client); allowed: at most one shard a sample")
   by_label = np.argsort(labels, kind="stable")
   shards = rng.permutation(n // size)[:used]
-  owner = np.full(n, -1, dtype=np.int64)
+  given: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
   for k in range(num_clients):
     for shard in shards[k * shards_per_client:(k + 1) * shards_per_client]:
-      owner[by_label[int(shard) * size:min((int(shard) + 1) * size, n)]] = k
-  return split_by_owner(owner, num_clients)
+      given[k].append(by_label[int(shard) * size:min((int(shard) + 1) * size, n)])
+  return flower_order(given, rng)

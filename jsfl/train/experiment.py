@@ -23,7 +23,13 @@ from jsfl.engine import sequential, split
 from jsfl.methods.catalog import get_method
 from jsfl.models import get_model, layers
 from jsfl.models.base import model_factory
-from jsfl.partitions import dominant_labels, index_table, label_counts, make_partition
+from jsfl.partitions import (
+    dominant_labels,
+    index_table,
+    label_counts,
+    make_partition,
+    train_split,
+)
 from jsfl.train import compile_cache
 from jsfl.train.programs import default_client_exec, default_client_pass, default_seed_exec
 
@@ -128,6 +134,7 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
                              num_classes=dataset.num_classes,
                              client_ids=dataset.client_ids,
                              **part.extra)
+      parts = train_split(parts, part.train_size, part.train_split_seed)
     except (ValueError, TypeError) as e:
       raise options_error("partition", e, slot.cell) from None
     counts = label_counts(parts, dataset.y_train, dataset.num_classes)
@@ -249,7 +256,7 @@ def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
       batch_size=me.batch_size, local_epochs=me.local_epochs,
       cut=cut, order=me.order, order_rule=me.order_rule,
       batches_per_turn=me.batches_per_turn, drop_last=me.drop_last,
-      aggregation=me.aggregation,
+      aggregation=me.aggregation, shuffle=me.shuffle,
       lr=o.lr, lr_decay=o.lr_decay, lr_min=o.lr_min,
       lr_decay_start=o.lr_decay_start, momentum=o.momentum,
       weight_decay=o.weight_decay, weight_decay_scope=o.weight_decay_scope,

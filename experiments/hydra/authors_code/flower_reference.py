@@ -11,12 +11,18 @@ CIFAR-10's Dirichlet splits through its ``DirichletPartitioner``
 classes from an unpacked flwr-datasets wheel on label vectors standing in
 for the data (the partitioners read only the label column; a small
 stand-in replaces the ``datasets`` package, which they need only for its
-type) and writes, per case, the per-client sizes and a SHA-256 of the
-sorted index lists to ``tests/data/flower_reference.json``:
+type) and writes, per case, the per-client sizes, a SHA-256 of the
+sorted index lists (the sets), one of the lists in the order Flower hands
+them out (its shuffle included), and one of the lists each client trains on
+in the authors' code: Hugging Face's ``train_test_split(train_size=0.8,
+seed=42)`` of its partition (0.9 for the distribution cases, as for
+CIFAR-100), run by the ``datasets`` package itself, to
+``tests/data/flower_reference.json``:
 
     pip download flwr-datasets==0.6.1 --no-deps -d /tmp/flwr
     unzip /tmp/flwr/flwr_datasets-0.6.1-py3-none-any.whl -d /tmp/flwr/src
-    python experiments/hydra/authors_code/flower_reference.py /tmp/flwr/src
+    python -m venv /tmp/hf && /tmp/hf/bin/pip install datasets==2.19.0
+    /tmp/hf/bin/python experiments/hydra/authors_code/flower_reference.py /tmp/flwr/src
 
 Distribution cases: 20 superclasses of 2,500 samples in a shuffled order
 (CIFAR-100's train split) on 20 clients; unequal label sizes on 20 clients
@@ -26,7 +32,9 @@ classes on 10 clients at alpha 0.1 and 0.5 (min size 0, the authors'), and
 at 0.3 with self-balancing and a min size that forces redraws, and with
 self-balancing on 20 clients where the rescaling's summation order matters.  Shard
 cases: class-by-class labels on 20 and 15 clients (one shard each, leaving
-samples unheld), and shuffled labels with three shards a client.
+samples unheld), and shuffled labels with three shards a client.  IID
+cases (``IidPartitioner``, which shards a real ``datasets.Dataset``):
+1,000 samples on 10 clients and 1,003 on 7.
 """
 
 from __future__ import annotations
@@ -75,7 +83,7 @@ class _Dataset:
 
 def load_partitioners(src: str):
   """``DistributionPartitioner``, ``DirichletPartitioner`` and
-  ``ShardPartitioner`` from the wheel's source, its package initialisers (which import the Hugging Face
+  ``ShardPartitioner`` and ``IidPartitioner`` from the wheel's source, its package initialisers (which import the Hugging Face
   stack) left unrun."""
   sys.modules["datasets"] = types.SimpleNamespace(Dataset=_Dataset)
   for name in ("flwr_datasets", "flwr_datasets.common", "flwr_datasets.partitioner"):
@@ -85,15 +93,35 @@ def load_partitioners(src: str):
   part = "flwr_datasets.partitioner."
   return (importlib.import_module(part + "distribution_partitioner").DistributionPartitioner,
           importlib.import_module(part + "dirichlet_partitioner").DirichletPartitioner,
-          importlib.import_module(part + "shard_partitioner").ShardPartitioner)
+          importlib.import_module(part + "shard_partitioner").ShardPartitioner,
+          importlib.import_module(part + "iid_partitioner").IidPartitioner)
 
 
-def digest(parts) -> str:
+def digest(parts, ordered: bool = False) -> str:
+  """SHA-256 of the index lists: of their sets, or with ``ordered`` of the
+  lists as given."""
   h = hashlib.sha256()
   for p in parts:
-    h.update(np.asarray(sorted(p), dtype=np.int64).tobytes())
+    h.update(np.asarray(p if ordered else sorted(p), dtype=np.int64).tobytes())
     h.update(b"|")
   return h.hexdigest()
+
+
+def train_parts(hf_dataset, parts, train_size: float, seed: int = 42):
+  """What each client trains on in the authors' code: the "train" side of
+  ``Dataset.train_test_split(train_size, seed)`` of its partition, in its
+  order (their loaders do not shuffle)."""
+  return [hf_dataset.from_dict({"i": [int(i) for i in p]})
+          .train_test_split(train_size=train_size, seed=seed)["train"]["i"]
+          for p in parts]
+
+
+def entry(hf_dataset, parts, train_size: float) -> dict:
+  train = train_parts(hf_dataset, parts, train_size)
+  return {"sizes": [len(p) for p in parts], "sha256": digest(parts),
+          "sha256_order": digest(parts, ordered=True), "train_size": train_size,
+          "train_sizes": [len(p) for p in train],
+          "sha256_train": digest(train, ordered=True)}
 
 
 def cases():
@@ -122,13 +150,21 @@ def shard_cases():
           ("three_shards_shuffled", np.random.default_rng(3).permutation(by_class), 10, 3)]
 
 
+def iid_cases():
+  """(name, samples, clients): an even and an uneven split."""
+  return [("even", 1000, 10), ("uneven", 1003, 7)]
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("src", help="the unpacked flwr-datasets wheel (holds flwr_datasets/)")
   src = ap.parse_args().src
-  Partitioner, Dirichlet, Shard = load_partitioners(src)
-  out = {"seed": 42, "dominant": 0.5, "other": 0.03, "flwr_datasets": "0.6.1", "cases": {},
-         "dirichlet": {}, "shard": {}}
+  import datasets  # the real package, before the partitioners' stand-in replaces it
+  hf_dataset, hf_version = datasets.Dataset, datasets.__version__
+  Partitioner, Dirichlet, Shard, Iid = load_partitioners(src)
+  sys.modules["datasets"] = datasets  # the stand-in only had to satisfy their imports
+  out = {"seed": 42, "dominant": 0.5, "other": 0.03, "flwr_datasets": "0.6.1",
+         "datasets": hf_version, "cases": {}, "dirichlet": {}, "shard": {}, "iid": {}}
   for name, labels, K, per, pre in cases():
     L = int(labels.max()) + 1
     C = per * K // L
@@ -141,7 +177,7 @@ def main() -> None:
     part.dataset = _Dataset(labels)
     parts = [part.load_partition(k) for k in range(K)]
     out["cases"][name] = {"clients": K, "labels_per_client": per, "preassigned": pre,
-                          "sizes": [len(p) for p in parts], "sha256": digest(parts)}
+                          **entry(hf_dataset, parts, 0.9)}
   for name, labels, K, alpha, min_size, balancing in dirichlet_cases():
     part = Dirichlet(num_partitions=K, partition_by="label", alpha=alpha,
                      min_partition_size=min_size, self_balancing=balancing, seed=42)
@@ -149,14 +185,22 @@ def main() -> None:
     parts = [part.load_partition(k) for k in range(K)]
     out["dirichlet"][name] = {"clients": K, "alpha": alpha, "min_size": min_size,
                               "self_balancing": balancing,
-                              "sizes": [len(p) for p in parts], "sha256": digest(parts)}
+                              **entry(hf_dataset, parts, 0.8)}
   for name, labels, K, per in shard_cases():
     part = Shard(num_partitions=K, partition_by="label", num_shards_per_partition=per,
                  seed=42)
     part.dataset = _Dataset(labels)
     parts = [part.load_partition(k) for k in range(K)]
     out["shard"][name] = {"clients": K, "shards_per_client": per,
-                          "sizes": [len(p) for p in parts], "sha256": digest(parts)}
+                          **entry(hf_dataset, parts, 0.8)}
+  for name, n, K in iid_cases():
+    # IidPartitioner shards the dataset itself (contiguous pieces): a real
+    # Dataset of the row numbers
+    part = Iid(num_partitions=K)
+    part._dataset = hf_dataset.from_dict({"i": list(range(n))})  # its setter checks
+    # the type against the stand-in the imports saw
+    parts = [part.load_partition(k)["i"] for k in range(K)]
+    out["iid"][name] = {"samples": n, "clients": K, **entry(hf_dataset, parts, 0.8)}
   with open(OUT, "w") as f:
     json.dump(out, f, indent=1)
     f.write("\n")
