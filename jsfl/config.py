@@ -117,6 +117,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                     "cinic10", "femnist", "ham10000", "synthetic")),
         "data_dir": _f(str, "", "directory holding the dataset files (optional)"),
         "download": _f(bool, True, "allow downloading into the cache dir when online"),
+        "augment": _f(str, "none", "training-time augmentation: crop_flip = torchvision's "
+                      "RandomCrop(size, padding=4) and RandomHorizontalFlip(), what both "
+                      "papers' authors train CIFAR on, drawn per sample and round "
+                      "(docs/setting.md#augmentation); none = the images as stored",
+                      ("none", "crop_flip")),
     },
     "partition": {
         "name": _f(str, "iid", "partition family (docs/setting.md#partitions)",

@@ -41,6 +41,7 @@ class DatasetSection:
   name: str
   data_dir: str
   download: bool
+  augment: str
   extra: dict[str, Any]  # the section's other keys
 
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jsfl.core.data import gather
+from jsfl.core.data import gather, training_data
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.plan import plan_round
 from jsfl.core.setup import Setup
@@ -135,15 +135,16 @@ def ref_fedavg(setup, data, key, rounds):
   params, stats = fedavg.init(setup, key).params, fedavg.init(setup, key).stats
   losses = []
   for r in range(rounds):
-    _, clients, weights, idx, mask, lr = schedule(
-        setup, data, jax.random.fold_in(key, r), r)
+    rkey = jax.random.fold_in(key, r)
+    _, clients, weights, idx, mask, lr = schedule(setup, data, rkey, r)
+    rdata = training_data(setup, data, rkey)
     outs, lsum = [], 0.0
     for c in range(len(clients)):
       p, s, buf = params, stats, zeros_like(params)
       for t in range(idx.shape[0]):
         if not mask[t, c].any():
           continue
-        x, y = gather(data, idx[t, c])
+        x, y = gather(rdata, idx[t, c])
         l, ns, g, _ = ref_grad(model, p, s, x, y, mask[t, c])
         p, buf = ref_sgd(p, g, buf, lr, setup)
         s = ns
@@ -266,6 +267,7 @@ def ref_split_events(setup, data, key, rounds, part1, stats1, server, label_rank
   for r in range(rounds):
     rkey = jax.random.fold_in(key, r)
     order_key, clients, weights, idx, mask, lr = schedule(setup, data, rkey, r)
+    rdata = training_data(setup, data, rkey)
     seq, steps_of = authors_sequence(setup, order_key, mask, clients, data.dominant,
                                      label_rank)
     clients = np.asarray(clients)
@@ -282,7 +284,7 @@ def ref_split_events(setup, data, key, rounds, part1, stats1, server, label_rank
       served[c] += 1
       if before_visit is not None:
         before_visit(r, int(clients[c]), p1, s1, weights)
-      x, y = gather(data, idx[t, c])
+      x, y = gather(rdata, idx[t, c])
       act, new_s1 = ref_fwd(model, p1[c], s1[c], x, mask[t, c])
       l, g_act = server.serve(act, y, mask[t, c], lr, clients[c], x)
       lsum += float(l) * mask[t, c].sum()
@@ -311,6 +313,7 @@ def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank,
   for r in range(rounds):
     rkey = jax.random.fold_in(key, r)
     order_key, clients, weights, idx, mask, lr = schedule(setup, data, rkey, r)
+    rdata = training_data(setup, data, rkey)
     orders = np.asarray(processing_orders(
         setup.order, order_key, idx.shape[0], clients, data.dominant, label_rank))
     clients = np.asarray(clients)
@@ -324,7 +327,7 @@ def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank,
     for t in range(idx.shape[0]):
       acts, xs, new_s1, ys = [None] * n, [None] * n, [None] * n, [None] * n
       for c in range(n):
-        xs[c], ys[c] = gather(data, idx[t, c])
+        xs[c], ys[c] = gather(rdata, idx[t, c])
         acts[c], new_s1[c] = ref_fwd(model, p1[c], s1[c], xs[c], mask[t, c])
       g_act = [None] * n
       for c in orders[t]:

@@ -427,3 +427,33 @@ def test_synthetic_is_learnable_but_not_trivial():
 def test_synthetic_bad_options(bad, match):
   with pytest.raises(ValueError, match=match):
     data.load_dataset("synthetic", **bad)
+
+
+def test_crop_flip_is_torchvisions_padded_crop_and_flip():
+  """crop_flip against a plain NumPy RandomCrop(padding=4, fill 0) and
+  RandomHorizontalFlip on the same draws; the draws are uniform offsets in
+  [0, 8] and fair flips, one per sample and key whatever the batch's shape
+  or order."""
+  from jsfl.data.augment import crop_flip, crop_flip_draws
+  rng = np.random.default_rng(0)
+  x = rng.integers(1, 256, (6, 7, 5, 3), dtype=np.uint8)  # no black pixel: padding shows
+  idx = np.array([3, 17, 5, 40, 2, 9])
+  key = jax.random.key(4)
+  got = np.asarray(crop_flip(key, jnp.asarray(idx), jnp.asarray(x)))
+  dy, dx, flip = map(np.asarray, crop_flip_draws(key, jnp.asarray(idx)))
+  for k in range(6):
+    padded = np.pad(x[k], ((4, 4), (4, 4), (0, 0)))
+    want = padded[dy[k]:dy[k] + 7, dx[k]:dx[k] + 5]
+    np.testing.assert_array_equal(got[k], want[:, ::-1] if flip[k] else want)
+  # the same sample gets the same draw in another batch shape and order
+  got2 = np.asarray(crop_flip(key, jnp.asarray(idx[::-1].reshape(2, 3)),
+                              jnp.asarray(x[::-1].reshape(2, 3, 7, 5, 3))))
+  np.testing.assert_array_equal(got2.reshape(6, 7, 5, 3)[::-1], got)
+  many = jnp.arange(20000)
+  dy, dx, flip = map(np.asarray, crop_flip_draws(key, many))
+  for d in (dy, dx):
+    counts = np.bincount(d, minlength=9)
+    assert len(counts) == 9 and np.all(np.abs(counts / 20000 - 1 / 9) < 0.01)
+  assert abs(flip.mean() - 0.5) < 0.015
+  assert (dy != dx).mean() > 0.8  # the two offsets are drawn apart
+  assert not np.array_equal(crop_flip_draws(jax.random.key(5), many)[0], dy)

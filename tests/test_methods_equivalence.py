@@ -115,6 +115,34 @@ def test_uniform_aggregation_equals_loop(mod):
   np.testing.assert_allclose(losses, ref_losses, **TOL)
 
 
+@pytest.mark.parametrize("mod", [fedavg, sfl], ids=["fedavg", "sfl"])
+def test_crop_flip_rounds_equal_loop(mod):
+  """``dataset.augment = "crop_flip"``: every batch a round gathers, in the
+  parallel and the split engine, is the round's crop and flip of its
+  samples (jsfl.core.data.training_data), as the loops gather them."""
+  from jsfl.core.data import gather, training_data
+  data = make_fed_data([13, 7, 20, 5], dominant=np.array([2, 0, 1, 0], np.int32))
+  setup = make_setup(tiny_model(), data, clients_per_round=3, augment="crop_flip",
+                     local_epochs=2)
+  key = jax.random.key(23)
+  raw, _ = gather(data, jnp.arange(40))
+  seen, _ = gather(training_data(setup, data, key), jnp.arange(40))
+  assert not np.allclose(raw, seen)  # guard: the rounds see other images
+  state, losses = run_rounds(mod, setup, data, key, 2)
+  if mod is fedavg:
+    (p, s), ref_losses = ref_fedavg(setup, data, key, 2)
+    chex.assert_trees_all_close(state.params, p, **TOL)
+    chex.assert_trees_all_close(state.stats, s, **TOL)
+  else:
+    (p1, s1, p2, _), ref_losses, _ = ref_sfl(setup, data, key, 2)
+    chex.assert_trees_all_close(state.part1, p1, **TOL)
+    chex.assert_trees_all_close(state.part1_stats, s1, **TOL)
+    chex.assert_trees_all_close(state.part2, p2, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  plain, plain_losses = run_rounds(mod, setup.replace(augment="none"), data, key, 2)
+  assert not np.allclose(plain_losses, losses)
+
+
 @pytest.mark.parametrize("client_exec,aggregation", [
     ("vmap", "samples"), ("unroll", "samples"), ("vmap", "uniform")])
 def test_splitfedv1_equals_fedavg(client_exec, aggregation):

@@ -33,7 +33,7 @@ from loop_reference import (
 )
 
 from jsfl.core import batching
-from jsfl.core.data import gather
+from jsfl.core.data import gather, training_data
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.optim import make_optimizer, with_lr
 from jsfl.engine import parallel
@@ -384,7 +384,9 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None, steps=
   prev_models = prev_clients = None
   losses, logs = [], []
   for r in range(rounds):
-    order_key, clients, _, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
+    rkey = jax.random.fold_in(key, r)
+    order_key, clients, _, idx, mask, lr = schedule(setup, data, rkey, r)
+    rdata = training_data(setup, data, rkey)
     seq = np.asarray(processing_orders(setup.order, order_key, 1, clients,
                                               data.dominant, st.label_rank))[0]
     students = np.asarray(clients)[seq]
@@ -406,7 +408,7 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None, steps=
       for t in range(idx.shape[0]):
         if not mask[t, c].any():
           continue
-        x, y = gather(data, idx[t, c])
+        x, y = gather(rdata, idx[t, c])
         if teachers is not None and kd.get("rule", "dkd") != "dkd":
           tl = jnp.stack([ref_logits(model, tp, ts, x) for tp, ts in teachers])
           loss, ns, g = ref_mkd_grad(model, p, s, x, y, mask[t, c], tl, kd["rule"],
@@ -429,14 +431,14 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None, steps=
       models.append((p, s))
       if cwc_opts and cwc_opts.get("fisher") == "sample":  # per-sample squares
         nb = idx.shape[0] // setup.local_epochs
-        sq = [_sample_sq_grads(model, p, s, *gather(data, idx[t, c]), jnp.asarray(mask[t, c]))
+        sq = [_sample_sq_grads(model, p, s, *gather(rdata, idx[t, c]), jnp.asarray(mask[t, c]))
               for t in range(nb) if mask[t, c].any()]
         n = sum(float(mask[t, c].sum()) for t in range(nb))
         fisher = jax.tree.map(lambda *a: sum(a) / n, *sq)
         importance = jax.tree.map(jnp.add, importance, fisher)
       elif cwc_opts:
         nb = idx.shape[0] // setup.local_epochs
-        sq = [ref_batch_sq_grad(model, p, s, *gather(data, idx[t, c]), mask[t, c])
+        sq = [ref_batch_sq_grad(model, p, s, *gather(rdata, idx[t, c]), mask[t, c])
               for t in range(nb) if mask[t, c].any()]
         fisher = jax.tree.map(lambda *a: sum(a) / len(a), *sq)
         importance = jax.tree.map(jnp.add, importance, fisher)
@@ -458,9 +460,10 @@ def run_logged(mod, setup, data, key, rounds):
   return state, losses, metrics
 
 
-def test_fedseq_equals_loop():
+@pytest.mark.parametrize("augment", ["none", "crop_flip"])
+def test_fedseq_equals_loop(augment):
   data = make_fed_data(DATA_SIZES)
-  setup = seq_setup(data)
+  setup = seq_setup(data).replace(augment=augment)
   key = jax.random.key(7)
   state, losses, metrics = run_logged(fedseq, setup, data, key, 2)
   (p, s, _), ref_losses, _ = ref_sequential(fedseq, setup, data, key, 2)
@@ -470,7 +473,8 @@ def test_fedseq_equals_loop():
   # The sequence is a real permutation here (not the ascending participants).
   assert any(np.any(np.diff(m["clients"]) < 0) for m in metrics)
   # SFedKD with no teachers is FedSeq.
-  kd0, l0 = run_rounds(sfedkd, seq_setup(data, options=SFedKDOptions(num_teachers=0)), data, key, 2)
+  kd0, l0 = run_rounds(sfedkd, seq_setup(data, options=SFedKDOptions(num_teachers=0)).replace(
+      augment=augment), data, key, 2)
   chex.assert_trees_all_close(kd0.params, state.params, **TOL)
   np.testing.assert_allclose(l0, losses, **TOL)
 

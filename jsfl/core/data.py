@@ -15,6 +15,7 @@ import jax
 from flax import struct
 
 from jsfl.data import normalize
+from jsfl.data.augment import crop_flip
 from jsfl.options import options_of
 
 
@@ -41,6 +42,8 @@ class RoundData(NamedTuple):
   dominant: jax.Array   # (K,) its most frequent label
   counts: jax.Array     # (K, L) its label counts
   hyper: Hyper | None = None  # None: the setup's own values (hyper())
+  augment_key: jax.Array | None = None  # a training round's (training_data);
+                                        # None: gather leaves images as stored
 
 
 SHARED_FIELDS = ("x", "y", "mean", "std")
@@ -75,9 +78,29 @@ def hyper(setup, data: RoundData) -> Hyper:
   return data.hyper if data.hyper is not None else hyper_of(setup)
 
 
+# The augmentation's stream of a round key: a fold, so the round's other
+# draws (split from the same key) are the ones a run without it makes.
+AUGMENT_STREAM = 0x617567
+
+
+def training_data(setup, data: RoundData, key) -> RoundData:
+  """``data`` as a training round reads it: with ``setup.augment =
+  "crop_flip"`` its ``augment_key`` is the round's, so every :func:`gather`
+  of the round crops and flips (one draw per sample and round: a sample's
+  visits within a round, its local epochs, share it).  Each engine's round
+  calls this once at its start."""
+  if setup.augment == "none":
+    return data
+  return data._replace(augment_key=jax.random.fold_in(key, AUGMENT_STREAM))
+
+
 def gather(data: RoundData, idx):
-  """Normalised inputs and labels for an index array of any shape."""
-  return normalize(data.x[idx], data.mean, data.std), data.y[idx]
+  """Normalised inputs and labels for an index array of any shape, augmented
+  when ``data`` carries a round's ``augment_key`` (:func:`training_data`)."""
+  x = data.x[idx]
+  if data.augment_key is not None:
+    x = crop_flip(data.augment_key, idx, x)
+  return normalize(x, data.mean, data.std), data.y[idx]
 
 
 def round_options(setup, data: RoundData):

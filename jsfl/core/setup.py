@@ -49,6 +49,7 @@ class Setup:
   drop_last: bool = False     # a client's last partial batch of an epoch is left out
   aggregation: str = "samples"  # round-end client weights (AGGREGATIONS)
   shuffle: bool = True        # False: a client's batches in its index order every epoch
+  augment: str = "none"      # training-time augmentation (jsfl.data.augment.AUGMENTS)
   lr: float | None = 0.05     # batchable
   lr_decay: float | None = 1.0  # batchable
   lr_min: float | None = 0.0  # batchable

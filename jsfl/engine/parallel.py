@@ -50,7 +50,7 @@ from flax import struct
 from jax import lax
 
 from jsfl.core.clients import map_clients
-from jsfl.core.data import gather
+from jsfl.core.data import gather, training_data
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.method import portion_bytes, whole_model
 from jsfl.core.optim import with_lr
@@ -330,6 +330,7 @@ def run_round(alg: ParallelAlgorithm, setup: Setup, state: State, data, key):
     (mean cross-entropy), ``reg_loss`` (mean extra term), ``samples``,
     ``clients``.
   """
+  data = training_data(setup, data, key)
   plan = plan_round(setup, data, key, state.round)
   n = setup.clients_per_round
   params = broadcast(state.params, n)

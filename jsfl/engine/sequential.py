@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
+from jsfl.core.data import training_data
 from jsfl.core.plan import RoundPlan, plan_round, round_metrics
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel
@@ -180,6 +181,7 @@ class SequenceRound(NamedTuple):
 def run_round(alg: SequentialAlgorithm, setup: Setup, state, data, key) -> SequenceRound:
   """One round of a sequential method (the model sequence starts from
   ``state.params`` / ``state.stats``, the order reads ``state.label_rank``)."""
+  data = training_data(setup, data, key)
   plan = alg.plan(setup, state, data, key)
   seq = sequence_order(setup, plan, data, state.label_rank)
   ctx = None if alg.client_context is None else alg.client_context(state, plan, seq)

@@ -61,7 +61,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jsfl.core.clients import map_clients
-from jsfl.core.data import gather
+from jsfl.core.data import gather, training_data
 from jsfl.core.loss import masked_cross_entropy
 from jsfl.core.plan import RoundPlan, plan_round, round_metrics
 from jsfl.core.portion import Portion, fresh_stack
@@ -365,6 +365,7 @@ def run_round(alg: SplitAlgorithm, setup, state, data, key,
   Returns:
     :class:`SplitRound`.
   """
+  data = training_data(setup, data, key)
   if watch is not None:
     return watched_round(alg, setup, state, data, key, watch)
   plan, sched, clients, who = _round_start(alg, setup, state, data, key)

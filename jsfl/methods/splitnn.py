@@ -34,7 +34,7 @@ import dataclasses
 import jax.numpy as jnp
 from jax import lax
 
-from jsfl.core.data import gather
+from jsfl.core.data import gather, training_data
 from jsfl.core.method import Method, label_rank_of, split_communication, staged_model
 from jsfl.core.plan import plan_round, round_metrics
 from jsfl.core.portion import fresh_stack
@@ -73,6 +73,7 @@ def visit_round(setup: Setup, rule: split.ServerRule, state: State, data, key):
     ``(state, metrics)``; metrics: ``loss``, ``samples``, ``clients``
     (participants in visiting order).
   """
+  data = training_data(setup, data, key)
   plan = plan_round(setup, data, key, state.round)
   order = visiting_order(setup, plan.order_key, plan.clients, data.dominant,
                          state.label_rank, state.round)

@@ -256,7 +256,7 @@ def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
       batch_size=me.batch_size, local_epochs=me.local_epochs,
       cut=cut, order=me.order, order_rule=me.order_rule,
       batches_per_turn=me.batches_per_turn, drop_last=me.drop_last,
-      aggregation=me.aggregation, shuffle=me.shuffle,
+      aggregation=me.aggregation, shuffle=me.shuffle, augment=c.dataset.augment,
       lr=o.lr, lr_decay=o.lr_decay, lr_min=o.lr_min,
       lr_decay_start=o.lr_decay_start, momentum=o.momentum,
       weight_decay=o.weight_decay, weight_decay_scope=o.weight_decay_scope,
