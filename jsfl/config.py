@@ -122,6 +122,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
                       "papers' authors train CIFAR on, drawn per sample and round "
                       "(docs/setting.md#augmentation); none = the images as stored",
                       ("none", "crop_flip")),
+        "mean": _f(list, [], "per-channel mean of x / 255 that inputs are normalised by; "
+                   "[] = the training set's own (the Hydra authors' CIFAR-10: 0.4914, "
+                   "0.4822, 0.4465; SVHN: 0.5 each)", range="[0, 1]", item=float),
+        "std": _f(list, [], "per-channel std that inputs are divided by, with mean; [] = "
+                  "the training set's own (the Hydra authors' CIFAR-10: 0.2023, 0.1994, "
+                  "0.2010; SVHN: 0.5 each)", range="(0, inf)", item=float),
     },
     "partition": {
         "name": _f(str, "iid", "partition family (docs/setting.md#partitions)",

@@ -42,6 +42,8 @@ class DatasetSection:
   data_dir: str
   download: bool
   augment: str
+  mean: list[float]
+  std: list[float]
   extra: dict[str, Any]  # the section's other keys
 
 

@@ -457,3 +457,27 @@ def test_crop_flip_is_torchvisions_padded_crop_and_flip():
   assert abs(flip.mean() - 0.5) < 0.015
   assert (dy != dx).mean() > 0.8  # the two offsets are drawn apart
   assert not np.array_equal(crop_flip_draws(jax.random.key(5), many)[0], dy)
+
+
+def test_dataset_mean_and_std_replace_the_training_sets_own(tmp_path, capsys):
+  """dataset.mean / dataset.std (a paper's constants) normalise training and
+  evaluation alike; they come together, one value a channel, or the run
+  stops before anything is written."""
+  from jsfl import cli
+  from jsfl import config as config_lib
+  from jsfl.train import experiment
+  syn = ["dataset.name=synthetic", "dataset.input_shape=[4, 4, 3]", "dataset.num_classes=4",
+         "dataset.train_size=64", "partition.num_clients=2", "run.seeds=1"]
+  exp = experiment.prepare(config_lib.load_config(None, syn))
+  own = np.asarray(exp.data.mean)
+  exp = experiment.prepare(config_lib.load_config(
+      None, syn + ["dataset.mean=[0.4914, 0.4822, 0.4465]", "dataset.std=[0.2023, 0.1994, 0.201]"]))
+  np.testing.assert_allclose(exp.data.mean, [0.4914, 0.4822, 0.4465], rtol=1e-6)
+  np.testing.assert_allclose(exp.data.std, [0.2023, 0.1994, 0.201], rtol=1e-6)
+  assert not np.allclose(own, exp.data.mean)
+  for bad in (["dataset.mean=[0.5, 0.5, 0.5]"],
+              ["dataset.mean=[0.5, 0.5]", "dataset.std=[0.5, 0.5]"]):
+    assert cli.main(["run", *syn, *bad, f"run.dir={tmp_path}/r"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "allowed: both [] or both of length 3" in err[0], err
+    assert not (tmp_path / "r").exists()

@@ -160,9 +160,10 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
       except ValueError as e:
         raise options_error("method", e, name) from None
   hypers = [hyper_of(cell_setups[slot.cell]) for slot in run_slots]
+  mean, std = input_normalisation(conf.dataset, dataset)
   data = RoundData(
       x=jnp.asarray(dataset.x_train), y=jnp.asarray(dataset.y_train),
-      mean=jnp.asarray(dataset.mean), std=jnp.asarray(dataset.std),
+      mean=jnp.asarray(mean), std=jnp.asarray(std),
       table=jnp.asarray(table),
       sizes=jnp.asarray(np.stack([p["sizes"] for p in parts_per_slot])),
       dominant=jnp.asarray(np.stack([p["dominant"] for p in parts_per_slot]).astype(np.int32)),
@@ -171,6 +172,20 @@ def prepare(cfg: dict, cells: list[tuple[str, dict]] | None = None) -> Experimen
       hyper=jax.tree.map(lambda *v: jnp.asarray(v, jnp.float32), *hypers))
   seed_exec = default_seed_exec() if conf.exec.seed_exec == "auto" else conf.exec.seed_exec
   return Experiment(cfg, setup, method, dataset, run_slots, parts_per_slot, data, seed_exec)
+
+
+def input_normalisation(section: config_types.DatasetSection, dataset):
+  """The per-channel ``(mean, std)`` inputs are normalised by: the
+  training set's own, or ``dataset.mean`` / ``dataset.std`` (a paper's
+  constants), which come together, one value a channel."""
+  if not section.mean and not section.std:
+    return dataset.mean, dataset.std
+  C = len(dataset.mean)
+  if len(section.mean) != C or len(section.std) != C:
+    raise config_lib.ConfigError(
+        f"dataset.mean={section.mean!r}, dataset.std={section.std!r}; allowed: both "
+        f"[] or both of length {C} (a value a channel of {dataset.name}'s images)")
+  return (np.asarray(section.mean, np.float32), np.asarray(section.std, np.float32))
 
 
 def check_split_options(conf: config_types.Config, setup: Setup, method, mesh) -> None:
