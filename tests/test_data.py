@@ -481,3 +481,35 @@ def test_dataset_mean_and_std_replace_the_training_sets_own(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "allowed: both [] or both of length 3" in err[0], err
     assert not (tmp_path / "r").exists()
+
+
+def test_rotation_is_pils_nearest_rotate():
+  """RandomRotation(15) of the Hydra authors' CIFAR-100 transform, as PIL
+  rotates (nearest pixel, black corners): all but the odd pixel whose
+  source lies on a pixel edge (PIL steps in fixed point) equal PIL's; the
+  angles are uniform in [-15, 15], a stream apart from the crop's."""
+  Image = pytest.importorskip("PIL.Image")
+  from jsfl.data.augment import Augment, apply, crop_flip, rotate_angles, rotate_image
+  rng = np.random.default_rng(1)
+  worst = 1.0
+  for t in range(12):
+    H, W = (32, 32) if t % 2 else (28, 20)
+    img = rng.integers(1, 256, (H, W, 3), dtype=np.uint8)
+    angle = float(rng.uniform(-15, 15))
+    want = np.asarray(Image.fromarray(img).rotate(angle, resample=Image.NEAREST))
+    got = np.asarray(rotate_image(jnp.asarray(img), jnp.float32(angle)))
+    worst = min(worst, (got == want).all(-1).mean())
+    assert (got[want.sum(-1) == 0] == 0).all()  # PIL's black corners are black here
+  assert worst > 0.99
+  key = jax.random.key(2)
+  angles = np.asarray(rotate_angles(key, jnp.arange(20000)))
+  assert angles.min() >= -15 and angles.max() <= 15
+  assert np.all(np.abs(np.histogram(angles, 6, (-15, 15))[0] / 20000 - 1 / 6) < 0.015)
+  x = jnp.asarray(rng.integers(1, 256, (4, 32, 32, 3), dtype=np.uint8))
+  idx = jnp.arange(4)
+  both = np.asarray(apply(Augment(key, "crop_flip_rotate"), idx, x))
+  cropped = np.asarray(apply(Augment(key, "crop_flip"), idx, x))
+  np.testing.assert_array_equal(cropped, np.asarray(crop_flip(key, idx, x)))
+  for k in range(4):  # rotated after the crop and flip
+    np.testing.assert_array_equal(both[k], np.asarray(rotate_image(
+        jnp.asarray(cropped[k]), rotate_angles(key, idx)[k])))

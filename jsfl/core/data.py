@@ -15,7 +15,7 @@ import jax
 from flax import struct
 
 from jsfl.data import normalize
-from jsfl.data.augment import crop_flip
+from jsfl.data.augment import Augment, apply
 from jsfl.options import options_of
 
 
@@ -42,8 +42,8 @@ class RoundData(NamedTuple):
   dominant: jax.Array   # (K,) its most frequent label
   counts: jax.Array     # (K, L) its label counts
   hyper: Hyper | None = None  # None: the setup's own values (hyper())
-  augment_key: jax.Array | None = None  # a training round's (training_data);
-                                        # None: gather leaves images as stored
+  augment: Augment | None = None  # a training round's (training_data); None:
+                                  # gather leaves the images as stored
 
 
 SHARED_FIELDS = ("x", "y", "mean", "std")
@@ -84,22 +84,23 @@ AUGMENT_STREAM = 0x617567
 
 
 def training_data(setup, data: RoundData, key) -> RoundData:
-  """``data`` as a training round reads it: with ``setup.augment =
-  "crop_flip"`` its ``augment_key`` is the round's, so every :func:`gather`
-  of the round crops and flips (one draw per sample and round: a sample's
-  visits within a round, its local epochs, share it).  Each engine's round
-  calls this once at its start."""
+  """``data`` as a training round reads it: with ``setup.augment`` (crop and
+  flip, and rotation) it carries the round's :class:`Augment`, so every
+  :func:`gather` of the round augments (one draw per sample and round: a
+  sample's visits within a round, its local epochs, share it).  Each
+  engine's round calls this once at its start."""
   if setup.augment == "none":
     return data
-  return data._replace(augment_key=jax.random.fold_in(key, AUGMENT_STREAM))
+  return data._replace(augment=Augment(jax.random.fold_in(key, AUGMENT_STREAM),
+                                       setup.augment))
 
 
 def gather(data: RoundData, idx):
   """Normalised inputs and labels for an index array of any shape, augmented
-  when ``data`` carries a round's ``augment_key`` (:func:`training_data`)."""
+  when ``data`` carries a round's :class:`Augment` (:func:`training_data`)."""
   x = data.x[idx]
-  if data.augment_key is not None:
-    x = crop_flip(data.augment_key, idx, x)
+  if data.augment is not None:
+    x = apply(data.augment, idx, x)
   return normalize(x, data.mean, data.std), data.y[idx]
 
 
