@@ -172,6 +172,22 @@ def test_config_reference_doc_is_current():
         "docs/config.md is stale: run `jsfl config-reference > docs/config.md`")
 
 
+def test_config_choices_are_the_librarys():
+  """Choices the config lists without importing the library (it stays
+  light to import) are the library's own."""
+  from jsfl import config
+  from jsfl.core.optim import WEIGHT_DECAY_SCOPES
+  from jsfl.core.setup import AGGREGATIONS, CLIENT_PASSES
+  from jsfl.data.augment import AUGMENTS
+  from jsfl.engine.schedule import RULES
+  S = config.SCHEMA
+  assert S["method"]["aggregation"].choices == AGGREGATIONS
+  assert S["dataset"]["augment"].choices == AUGMENTS
+  assert S["method"]["order_rule"].choices == RULES
+  assert S["optim"]["weight_decay_scope"].choices == WEIGHT_DECAY_SCOPES
+  assert S["exec"]["client_pass"].choices == ("auto",) + CLIENT_PASSES
+
+
 def test_typed_config_sections_are_current_and_hold_the_config():
   """jsfl/config_types.py is generated from the schema (`python -m jsfl.config
   --write-types`), and a config's typed view holds every value of the dict

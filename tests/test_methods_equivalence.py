@@ -92,6 +92,22 @@ def unequal_participants(setup, data, key, rounds):
     assert len(set(np.asarray(plan.sizes).tolist())) > 1
 
 
+def assert_rounds_equal_loop(mod, setup, data, key, rounds=2):
+  """FedAvg's or SFL's rounds against their loop reference; the losses."""
+  state, losses = run_rounds(mod, setup, data, key, rounds)
+  if mod is fedavg:
+    (p, s), ref_losses = ref_fedavg(setup, data, key, rounds)
+    chex.assert_trees_all_close(state.params, p, **TOL)
+    chex.assert_trees_all_close(state.stats, s, **TOL)
+  else:
+    (p1, s1, p2, _), ref_losses, _ = ref_sfl(setup, data, key, rounds)
+    chex.assert_trees_all_close(state.part1, p1, **TOL)
+    chex.assert_trees_all_close(state.part1_stats, s1, **TOL)
+    chex.assert_trees_all_close(state.part2, p2, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  return losses
+
+
 @pytest.mark.parametrize("mod", [fedavg, sfl], ids=["fedavg", "sfl"])
 def test_uniform_aggregation_equals_loop(mod):
   """``method.aggregation = "uniform"`` (the Hydra authors' scripts): one
@@ -102,17 +118,7 @@ def test_uniform_aggregation_equals_loop(mod):
   setup = make_setup(tiny_model(), data, clients_per_round=3, aggregation="uniform")
   key = jax.random.key(21)
   unequal_participants(setup, data, key, 2)
-  state, losses = run_rounds(mod, setup, data, key, 2)
-  if mod is fedavg:
-    (p, s), ref_losses = ref_fedavg(setup, data, key, 2)
-    chex.assert_trees_all_close(state.params, p, **TOL)
-    chex.assert_trees_all_close(state.stats, s, **TOL)
-  else:
-    (p1, s1, p2, s2), ref_losses, _ = ref_sfl(setup, data, key, 2)
-    chex.assert_trees_all_close(state.part1, p1, **TOL)
-    chex.assert_trees_all_close(state.part1_stats, s1, **TOL)
-    chex.assert_trees_all_close(state.part2, p2, **TOL)
-  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  assert_rounds_equal_loop(mod, setup, data, key)
 
 
 @pytest.mark.parametrize("mod", [fedavg, sfl], ids=["fedavg", "sfl"])
@@ -128,18 +134,8 @@ def test_crop_flip_rounds_equal_loop(mod):
   raw, _ = gather(data, jnp.arange(40))
   seen, _ = gather(training_data(setup, data, key), jnp.arange(40))
   assert not np.allclose(raw, seen)  # guard: the rounds see other images
-  state, losses = run_rounds(mod, setup, data, key, 2)
-  if mod is fedavg:
-    (p, s), ref_losses = ref_fedavg(setup, data, key, 2)
-    chex.assert_trees_all_close(state.params, p, **TOL)
-    chex.assert_trees_all_close(state.stats, s, **TOL)
-  else:
-    (p1, s1, p2, _), ref_losses, _ = ref_sfl(setup, data, key, 2)
-    chex.assert_trees_all_close(state.part1, p1, **TOL)
-    chex.assert_trees_all_close(state.part1_stats, s1, **TOL)
-    chex.assert_trees_all_close(state.part2, p2, **TOL)
-  np.testing.assert_allclose(losses, ref_losses, **TOL)
-  plain, plain_losses = run_rounds(mod, setup.replace(augment="none"), data, key, 2)
+  losses = assert_rounds_equal_loop(mod, setup, data, key)
+  _, plain_losses = run_rounds(mod, setup.replace(augment="none"), data, key, 2)
   assert not np.allclose(plain_losses, losses)
 
 

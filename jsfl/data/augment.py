@@ -81,7 +81,7 @@ def crop_flip(key, idx, x):
     The augmented images, ``x``'s shape and dtype.
   """
   dy, dx, flip = crop_flip_draws(key, idx)
-  *lead, H, W, C = x.shape
+  H, W, C = x.shape[-3:]
   flat = x.reshape((-1, H, W, C))
   padded = jnp.pad(flat, ((0, 0), (PAD, PAD), (PAD, PAD), (0, 0)))
 
@@ -126,6 +126,6 @@ def rotate(key, idx, x):
   """``RandomRotation(DEGREES)`` of raw images, one angle per sample
   (:func:`rotate_angles`); ``x`` of shape ``idx.shape + (H, W, C)``."""
   angles = rotate_angles(key, idx).reshape(-1)
-  *_, H, W, C = x.shape
+  H, W, C = x.shape[-3:]
   out = jax.vmap(rotate_image)(x.reshape((-1, H, W, C)), angles)
   return out.reshape(x.shape)
