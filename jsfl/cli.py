@@ -158,6 +158,12 @@ def _parser() -> argparse.ArgumentParser:
                  "are dataset options, e.g. dataset.path=DIR")
   q.add_argument("--clients", type=int, default=10, help="number of clients K")
   q.add_argument("--seed", type=int, default=0, help="partition seed")
+  q.add_argument("--train-size", type=float, default=1.0,
+                 help="count only the part of each client's samples it trains on "
+                 "(partition.train_size: Hugging Face's train_test_split at "
+                 "--train-split-seed; the Hydra authors' Flower paths: 0.8)")
+  q.add_argument("--train-split-seed", type=int, default=42,
+                 help="seed of --train-size's split")
   q.add_argument("--data-dir", default=None, help="dataset directory")
   q.add_argument("--out", default=None, help="write the counts as JSON here")
   q.add_argument("--plot", default=None, metavar="PNG",
@@ -362,6 +368,9 @@ def cmd_partition(args) -> int:
     parts = partitions.make_partition(args.name, ds.y_train, args.clients,
                                       seed=args.seed, num_classes=ds.num_classes,
                                       client_ids=ds.client_ids, **opts)
+    if args.train_split_seed < 0:
+      raise ValueError(f"--train-split-seed={args.train_split_seed}; allowed: an int >= 0")
+    parts = partitions.train_split(parts, args.train_size, args.train_split_seed)
   except (ValueError, TypeError, ConfigError) as e:
     return _fail(str(e))
   counts = partitions.label_counts(parts, ds.y_train, ds.num_classes)
@@ -375,6 +384,9 @@ def cmd_partition(args) -> int:
     from jsfl.rundir import write_json_atomic
     write_json_atomic(args.out, {"dataset": args.dataset, "partition": args.name,
                                  "options": opts, "seed": args.seed,
+                                 **({"train_size": args.train_size,
+                                     "train_split_seed": args.train_split_seed}
+                                    if args.train_size != 1 else {}),
                                  **({"dataset_options": data_opts} if data_opts else {}),
                                  "label_counts": counts, "sizes": counts.sum(1)})
     print(f"saved {args.out}")

@@ -132,6 +132,20 @@ def test_partition_command(tmp_path, capsys):
   assert "client" in capsys.readouterr().out
   assert cli.main(["partition", "synthetic", "dominant_label", "--clients", "10", "p=7"]) == 2
   assert "p=7" in capsys.readouterr().err
+  # the part each client trains on, as the Hydra authors' Flower paths keep it
+  kept = tmp_path / "kept.json"
+  assert cli.main(["partition", "synthetic", "flower_dirichlet", "--clients", "10",
+                   "--seed", "42", "alpha=0.3", "--train-size", "0.8", "--out", str(kept)]) == 0
+  got = load_json(kept)
+  assert got["train_size"] == 0.8 and got["train_split_seed"] == 42
+  from jsfl import data, partitions
+  y = data.load_dataset("synthetic").y_train
+  want = partitions.train_split(partitions.make_partition(
+      "flower_dirichlet", y, 10, seed=42, alpha=0.3), 0.8, 42)
+  assert got["sizes"] == [len(p) for p in want]
+  for bad in ("1.5", "0"):
+    assert cli.main(["partition", "synthetic", "iid", "--train-size", bad]) == 2
+    assert f"train_size={float(bad)}; allowed: a float in (0, 1]" in capsys.readouterr().err
 
 
 def test_partition_plot(tmp_path, capsys):
