@@ -167,3 +167,45 @@ def test_cells_build_without_data():
             assert len(parts) == K and all(len(x) for x in parts)
       except (ValueError, TypeError) as e:
         pytest.fail(f"{where}: {e}")
+
+
+HYDRA_NORMALISATION = {  # the Hydra authors' transforms (get_data.py), per dataset
+    "cifar10": ([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010]),
+    "cifar100": ([0.5070751592371323, 0.48654887331495095, 0.4409178433670343],
+                 [0.2673342858792401, 0.2564384629170883, 0.27615047132568404]),
+    "svhn": ([0.5] * 3, [0.5] * 3),
+    "tiny_imagenet": ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])}
+HYDRA_AUGMENT = {"cifar10": "crop_flip", "cifar100": "crop_flip_rotate", "svhn": "none",
+                 "tiny_imagenet": "none"}
+FLOWER = {"flower_dirichlet", "flower_shard", "flower_iid", "distribution"}
+
+
+def test_hydra_cells_read_data_as_the_authors_code():
+  """Every cell of experiments/hydra/paper/ trains on the data as the
+  authors' code reads it on that cell's path (docs/methods-hydra.md): their
+  transforms and constants, equal-weight means, and on a Flower partition
+  the train side of each client's split in a fixed order, its last batch
+  kept; on their own dominant-label path a reshuffled loader that drops the
+  last batch.  IID rows of the Flower datasets are Flower's IID split."""
+  checked = 0
+  for path in FILES:
+    if rel(path).split(os.sep)[1] != "hydra":
+      continue
+    for c in cells(path).cells:
+      cfg, where = c.cfg, f"{rel(path)}: {c.name}"
+      d, p, m = cfg["dataset"], cfg["partition"], cfg["method"]
+      assert m["aggregation"] == "uniform", where
+      assert (d["mean"], d["std"]) == HYDRA_NORMALISATION[d["name"]], where
+      assert d["augment"] == HYDRA_AUGMENT[d["name"]], where
+      flower_dataset = d["name"] in ("cifar10", "tiny_imagenet") or (
+          d["name"] == "cifar100" and p["num_clients"] == 20)
+      if flower_dataset:
+        assert p["name"] != "iid", f"{where}: IID on a Flower path is flower_iid"
+      if p["name"] in FLOWER:
+        assert flower_dataset, where
+        want = 0.9 if d["name"] == "cifar100" else 0.8
+        assert (p["train_size"], m["shuffle"], m["drop_last"]) == (want, False, False), where
+      else:
+        assert (p["train_size"], m["shuffle"], m["drop_last"]) == (1.0, True, True), where
+      checked += 1
+  assert checked > 100
