@@ -248,3 +248,34 @@ def test_masked_cross_entropy_is_torchs_mean_over_the_samples_that_exist():
   assert got != pytest.approx(nll[mask].sum() / 6, rel=1e-3)  # not over the padded size
   assert float(masked_cross_entropy(jnp.asarray(logits), jnp.asarray(labels),
                                     jnp.zeros(6, bool))) == 0.0
+
+
+def test_every_method_round_augments_what_it_gathers(monkeypatch):
+  """dataset.augment reaches every method's round: each registered method's
+  round, traced (not compiled) under ``augment = "crop_flip"``, gathers
+  through the round's augmentation (jsfl.core.data.training_data), so a
+  method with a round of its own cannot skip it unnoticed."""
+  from conftest import make_fed_data
+
+  from jsfl.core import data as data_mod
+  from jsfl.methods.catalog import METHODS, get_method
+  calls = []
+  real = data_mod.apply
+  monkeypatch.setattr(data_mod, "apply", lambda aug, idx, x: calls.append(1) or real(aug, idx, x))
+  data = make_fed_data([13, 7, 20, 5], dominant=np.array([2, 0, 1, 0], np.int32))
+  model = get_model("small_cnn", (8, 8, 1), 4, norm="none", width=4, hidden=8)
+  base = Setup(model=model, num_clients=4, clients_per_round=3,
+               max_size=data.table.shape[1], batch_size=4, cut=2, augment="crop_flip")
+  key = jax.random.key(0)
+  options = {"sfedkd": {"num_teachers": 2}}
+  missed = []
+  for name in sorted(METHODS):
+    method = get_method(name)
+    setup = base.replace(options=method.options(**options.get(name, {})))
+    state = jax.eval_shape(lambda k, setup=setup, method=method: method.init(setup, k), key)
+    calls.clear()
+    jax.eval_shape(lambda s, k, setup=setup, method=method: method.round(setup, s, data, k),
+                   state, key)
+    if not calls:
+      missed.append(name)
+  assert not missed, f"rounds that gather without dataset.augment: {missed}"

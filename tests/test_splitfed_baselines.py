@@ -33,7 +33,7 @@ from loop_reference import (
 )
 
 from jsfl import config, train
-from jsfl.core.data import gather
+from jsfl.core.data import gather, training_data
 from jsfl.core.method import activation_size, portion_bytes
 from jsfl.engine.orders import processing_orders
 from jsfl.methods import (
@@ -244,7 +244,9 @@ def ref_multihead(setup, data, key, rounds):
   heads_s = [rows(st.heads_stats, k) for k in range(setup.num_clients)]
   losses = []
   for r in range(rounds):
-    _, clients, weights, idx, mask, lr = schedule(setup, data, jax.random.fold_in(key, r), r)
+    rkey = jax.random.fold_in(key, r)
+    _, clients, weights, idx, mask, lr = schedule(setup, data, rkey, r)
+    rdata = training_data(setup, data, rkey)
     outs, lsum = [], 0.0
     for i, c in enumerate(np.asarray(clients)):
       p, s = body + heads[c], body_s + heads_s[c]
@@ -252,7 +254,7 @@ def ref_multihead(setup, data, key, rounds):
       for t in range(idx.shape[0]):
         if not mask[t, i].any():
           continue
-        x, y = gather(data, idx[t, i])
+        x, y = gather(rdata, idx[t, i])
         l, ns, g, _ = ref_grad(model, p, s, x, y, mask[t, i])
         p, buf = ref_sgd(p, g, buf, lr, setup)
         s = ns
@@ -277,9 +279,10 @@ def test_multihead_head_cut_option():
     multihead.head_cut(PARTIAL.replace(options=MultiHeadOptions(head_cut=4)))
 
 
-@pytest.mark.parametrize("aggregation", ["samples", "uniform"])
-def test_multihead_equals_loop(aggregation):
-  setup = MH.replace(aggregation=aggregation)
+@pytest.mark.parametrize("aggregation,augment", [("samples", "none"),
+                                                 ("uniform", "crop_flip")])
+def test_multihead_equals_loop(aggregation, augment):
+  setup = MH.replace(aggregation=aggregation, augment=augment)
   key = jax.random.key(13)
   state, losses = run_rounds(multihead, setup, DATA, key, 2)
   (body, body_s, heads, heads_s), ref_losses = ref_multihead(setup, DATA, key, 2)

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jsfl.core.data import training_data
 from jsfl.core.method import Functions, Method, portion_bytes
 from jsfl.core.plan import plan_round, round_metrics
 from jsfl.core.setup import Setup
@@ -90,6 +91,7 @@ def round(setup: Setup, state: State, data, key):
     ``(state, metrics)`` with ``loss``, ``samples`` and ``clients``
     (participants, ascending).
   """
+  data = training_data(setup, data, key)
   plan = plan_round(setup, data, key, state.round)
   n, h = setup.clients_per_round, head_cut(setup)
   params = (broadcast(state.body, n)
