@@ -186,7 +186,8 @@ def test_hydra_cells_read_data_as_the_authors_code():
   transforms and constants, equal-weight means, and on a Flower partition
   the train side of each client's split in a fixed order, its last batch
   kept; on their own dominant-label path a reshuffled loader that drops the
-  last batch.  IID rows of the Flower datasets are Flower's IID split."""
+  last batch.  IID rows are Flower's IID split on its paths, their own
+  labelwise split at 1 / K of every label elsewhere."""
   checked = 0
   for path in FILES:
     if rel(path).split(os.sep)[1] != "hydra":
@@ -199,8 +200,7 @@ def test_hydra_cells_read_data_as_the_authors_code():
       assert d["augment"] == HYDRA_AUGMENT[d["name"]], where
       flower_dataset = d["name"] in ("cifar10", "tiny_imagenet") or (
           d["name"] == "cifar100" and p["num_clients"] == 20)
-      if flower_dataset:
-        assert p["name"] != "iid", f"{where}: IID on a Flower path is flower_iid"
+      assert p["name"] != "iid", f"{where}: their IID is flower_iid or labelwise at 1 / K"
       if p["name"] in FLOWER:
         assert flower_dataset, where
         want = 0.9 if d["name"] == "cifar100" else 0.8

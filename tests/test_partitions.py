@@ -339,12 +339,14 @@ def _authors_reference():
 
 
 @pytest.mark.parametrize("name", ["synthetic_k10_p0.8", "synthetic_k20_p0.8",
-                                  "synthetic_k10_sharding0.8"])
+                                  "synthetic_k10_sharding0.8", "synthetic_k10_iid",
+                                  "synthetic_k20_iid"])
 def test_labelwise_is_the_hydra_authors_split(name):
   # The fingerprints were written by running their LabelwisePartitioner on the
   # same labels (seed 2020); at K = 20 clients 10-19 dominate nothing and the
   # rounding runs past every label's end, so the slicing rule is exercised;
-  # the sharding case under their two-leader matrix (dominant_clients = 2).
+  # the sharding case under their two-leader matrix (dominant_clients = 2);
+  # their IID shares (1 / K of every label) as p = 1 / K.
   mod, ref = _authors_reference()
   case = ref["cases"][name]
   y = mod.synthetic_labels()
@@ -378,11 +380,15 @@ def test_distribution_is_flowers_split(case):
   (name, y, K, per, pre), = [c for c in mod.cases() if c[0] == case]
   want = ref["cases"][case]
   parts = P.make_partition("distribution", y, K, seed=ref["seed"], dominant=ref["dominant"],
-                           other=ref["other"], labels_per_client=per, preassigned=pre)
+                           other=ref["other"], labels_per_client=per, preassigned=pre,
+                           shuffle_seed=-1)
   assert [len(p) for p in parts] == want["sizes"]
   assert mod.digest(parts) == want["sha256"]
   assert_flowers_order(mod, parts, want)
   assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))
+  assert_through_federated_dataset(mod, P.make_partition(
+      "distribution", y, K, seed=ref["seed"], dominant=ref["dominant"], other=ref["other"],
+      labels_per_client=per, preassigned=pre), want)
   other = P.make_partition("distribution", y, K, seed=ref["seed"] + 1,
                            labels_per_client=per, preassigned=pre)
   assert mod.digest(other) != want["sha256"]  # the remainders land elsewhere
@@ -396,6 +402,16 @@ def assert_flowers_order(mod, parts, want):
   train = P.train_split(parts, want["train_size"], 42)
   assert [len(p) for p in train] == want["train_sizes"]
   assert mod.digest(train, ordered=True) == want["sha256_train"]
+
+
+def assert_through_federated_dataset(mod, parts, want):
+  """The default shuffle_seed = 42: the rows shuffled first, as Flower's
+  FederatedDataset shuffles the dataset before its partitioner sees it."""
+  fds = want["fds"]
+  assert [len(p) for p in parts] == fds["sizes"]
+  assert mod.digest(parts) == fds["sha256"]
+  assert_flowers_order(mod, parts, fds)
+  assert mod.digest(parts, ordered=True) != want["sha256_order"]  # the shuffle shows
 
 
 def _flower_reference():
@@ -418,10 +434,13 @@ def test_flower_dirichlet_is_flowers_split(case):
   (_, y, K, alpha, min_size, balancing), = [c for c in mod.dirichlet_cases() if c[0] == case]
   want = ref["dirichlet"][case]
   parts = P.make_partition("flower_dirichlet", y, K, seed=ref["seed"], alpha=alpha,
-                           min_size=min_size, self_balancing=balancing)
+                           min_size=min_size, self_balancing=balancing, shuffle_seed=-1)
   assert [len(p) for p in parts] == want["sizes"]
   assert mod.digest(parts) == want["sha256"]
   assert_flowers_order(mod, parts, want)
+  assert_through_federated_dataset(mod, P.make_partition(
+      "flower_dirichlet", y, K, seed=ref["seed"], alpha=alpha, min_size=min_size,
+      self_balancing=balancing), want)
   assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))
 
 
@@ -433,10 +452,13 @@ def test_flower_shard_is_flowers_split(case):
   mod, ref = _flower_reference()
   (_, y, K, per), = [c for c in mod.shard_cases() if c[0] == case]
   want = ref["shard"][case]
-  parts = P.make_partition("flower_shard", y, K, seed=ref["seed"], shards_per_client=per)
+  parts = P.make_partition("flower_shard", y, K, seed=ref["seed"], shards_per_client=per,
+                           shuffle_seed=-1)
   assert [len(p) for p in parts] == want["sizes"]
   assert mod.digest(parts) == want["sha256"]
   assert_flowers_order(mod, parts, want)
+  assert_through_federated_dataset(mod, P.make_partition(
+      "flower_shard", y, K, seed=ref["seed"], shards_per_client=per), want)
   if case == "one_shard_sorted":  # one class a client: the authors' Tiny-ImageNet split
     assert all(len(set(y[p].tolist())) == 1 for p in parts)
 
@@ -448,10 +470,16 @@ def test_flower_iid_is_flowers_split(case):
   mod, ref = _flower_reference()
   (_, n, K), = [c for c in mod.iid_cases() if c[0] == case]
   want = ref["iid"][case]
-  parts = P.make_partition("flower_iid", np.zeros(n, np.int64), K, seed=0)
+  parts = P.make_partition("flower_iid", np.zeros(n, np.int64), K, seed=0, shuffle_seed=-1)
   assert [len(p) for p in parts] == want["sizes"]
   assert mod.digest(parts) == want["sha256"]
   assert_flowers_order(mod, parts, want)
+  shuffled = P.make_partition("flower_iid", np.zeros(n, np.int64), K, seed=0)
+  assert_through_federated_dataset(mod, shuffled, want)
+  # stored class by class (Tiny-ImageNet's files), the shuffle keeps IID clients IID
+  y = np.repeat(np.arange(10), n // 10 + 1)[:n]
+  held = [len(set(y[p].tolist())) for p in P.make_partition("flower_iid", y, K, seed=0)]
+  assert min(held) == 10
 
 
 def test_distribution_with_the_authors_values_is_about_40_percent_dominant():

@@ -33,7 +33,11 @@ Methods and their options, with defaults:
   consecutive samples in stored order, permuted), reproducing Flower's
   index sets and orders.
 * ``flower_iid``: Flower's ``IidPartitioner`` as the Hydra authors' code
-  draws its IID rows: K contiguous pieces in stored order, unshuffled.
+  draws its IID rows: K contiguous pieces of the (shuffled) set.
+
+The four Flower partitions take ``shuffle_seed=42``: the training set is
+shuffled first, as Flower's ``FederatedDataset`` does before any
+partitioner sees it (-1: the stored order).
 * ``natural(group=False)``: the dataset's own client ids (pass
   ``client_ids``); with ``group`` and fewer clients than ids, each client
   holds a group of ids.
@@ -97,14 +101,16 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
         "other": (float, 0.03),
         "labels_per_client": (int, None),
         "preassigned": (int, 20),
+        "shuffle_seed": (int, 42),
     },
     "flower_dirichlet": {
         "alpha": (float, 0.5),
         "min_size": (int, 0),
         "self_balancing": (bool, False),
+        "shuffle_seed": (int, 42),
     },
-    "flower_shard": {"shards_per_client": (int, 1)},
-    "flower_iid": {},
+    "flower_shard": {"shards_per_client": (int, 1), "shuffle_seed": (int, 42)},
+    "flower_iid": {"shuffle_seed": (int, 42)},
     "natural": {"group": (bool, False)},
 }
 
@@ -211,6 +217,36 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
   if (not isinstance(seed, numbers.Integral) or
       isinstance(seed, (bool, np.bool_)) or seed < 0):
     raise ValueError(f"seed={seed!r}; allowed: an int >= 0")
+  if name in FLOWER:
+    return _flower_shuffled(name, labels, num_clients, num_classes, int(seed), opts)
+  return _draw(name, labels, num_clients, num_classes, int(seed), opts, client_ids)
+
+
+# Flower Datasets' partitioners, which the data pass through FederatedDataset.
+FLOWER = ("distribution", "flower_dirichlet", "flower_shard", "flower_iid")
+
+
+def _flower_shuffled(name, labels, num_clients, num_classes, seed, opts):
+  """A Flower partition of the training set as ``FederatedDataset`` hands it
+  to the partitioner: shuffled first (its default ``shuffle=True``, the
+  dataset's ``shuffle(seed)``: row r is sample ``permutation[r]`` of
+  ``np.random.default_rng(shuffle_seed).permutation(N)``), the partitioner's
+  rows mapped back to the samples, in its order; ``shuffle_seed = -1``
+  partitions the stored order."""
+  opts = dict(opts)
+  shuffle_seed = opts.pop("shuffle_seed")
+  if shuffle_seed < -1:
+    raise ValueError(f"{name}.shuffle_seed={shuffle_seed}; allowed: -1 (no shuffle) or an "
+                     "int >= 0 (Flower's default: 42)")
+  if shuffle_seed == -1:
+    return _draw(name, labels, num_clients, num_classes, seed, opts, None)
+  perm = np.random.default_rng(shuffle_seed).permutation(len(labels))
+  parts = _draw(name, labels[perm], num_clients, num_classes, seed, opts, None)
+  return [perm[p].astype(np.int64) for p in parts]
+
+
+def _draw(name, labels, num_clients, num_classes, seed, opts, client_ids):
+  """Partition ``name`` of ``labels`` in the order given (checked inputs)."""
   if name == "labelwise":
     return _labelwise.labelwise(labels, num_clients, num_classes, int(seed), **opts)
   if name == "distribution":

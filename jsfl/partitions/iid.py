@@ -95,9 +95,10 @@ def flower_order(pieces: list[list[np.ndarray]], rng: np.random.Generator) -> li
 def flower_iid(labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
   """Flower Datasets' ``IidPartitioner``, the Hydra authors' IID split on
   their Flower paths (CIFAR-10, CIFAR-100, Tiny-ImageNet): client k holds
-  the k-th of K contiguous pieces of the dataset in its stored order
+  the k-th of K contiguous pieces of the rows as given
   (``Dataset.shard(K, k, contiguous=True)``, the first ``N mod K`` one sample
-  larger), in that order; no randomness.
+  larger), in that order; no randomness here (``make_partition`` shuffles
+  the rows first, as Flower's ``FederatedDataset`` does).
 
   Args:
     labels: (N,) labels (only their number matters).

@@ -17,7 +17,9 @@ them out (its shuffle included), and one of the lists each client trains on
 in the authors' code: Hugging Face's ``train_test_split(train_size=0.8,
 seed=42)`` of its partition (0.9 for the distribution cases, as for
 CIFAR-100), run by the ``datasets`` package itself, to
-``tests/data/flower_reference.json``:
+``tests/data/flower_reference.json``; each case again under ``fds`` with the
+rows first shuffled as ``FederatedDataset`` shuffles the dataset before any
+partitioner sees it (``shuffle(seed=42)`` of a real ``datasets.Dataset``):
 
     pip download flwr-datasets==0.6.1 --no-deps -d /tmp/flwr
     unzip /tmp/flwr/flwr_datasets-0.6.1-py3-none-any.whl -d /tmp/flwr/src
@@ -40,6 +42,7 @@ cases (``IidPartitioner``, which shards a real ``datasets.Dataset``):
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib
 import json
@@ -165,42 +168,50 @@ def main() -> None:
   sys.modules["datasets"] = datasets  # the stand-in only had to satisfy their imports
   out = {"seed": 42, "dominant": 0.5, "other": 0.03, "flwr_datasets": "0.6.1",
          "datasets": hf_version, "cases": {}, "dirichlet": {}, "shard": {}, "iid": {}}
+  def both(make, labels, train_size):
+    """A partitioner's clients on the stand-in in stored order, and (under
+    "fds") on a real Dataset shuffled as FederatedDataset shuffles it before
+    any partitioner sees it (its default shuffle=True, seed 42)."""
+    part = make()
+    part.dataset = _Dataset(labels)
+    parts = [part.load_partition(k) for k in range(part.num_partitions)]
+    part = make()
+    part._dataset = hf_dataset.from_dict(  # the setter checks against the stand-in
+        {"label": [int(v) for v in labels], "i": list(range(len(labels)))}).shuffle(seed=42)
+    fds = [part.load_partition(k)["i"] for k in range(part.num_partitions)]
+    return {**entry(hf_dataset, parts, train_size), "fds": entry(hf_dataset, fds, train_size)}
+
   for name, labels, K, per, pre in cases():
     L = int(labels.max()) + 1
     C = per * K // L
     weights = np.full((L, C), 0.03)
     for lab in range(min(L, C)):
       weights[lab, lab] = 0.5
-    part = Partitioner(distribution_array=weights, num_partitions=K,
-                       num_unique_labels_per_partition=per, partition_by="label",
-                       preassigned_num_samples_per_label=pre)
-    part.dataset = _Dataset(labels)
-    parts = [part.load_partition(k) for k in range(K)]
+    make = functools.partial(Partitioner, distribution_array=weights, num_partitions=K,
+                             num_unique_labels_per_partition=per, partition_by="label",
+                             preassigned_num_samples_per_label=pre)
     out["cases"][name] = {"clients": K, "labels_per_client": per, "preassigned": pre,
-                          **entry(hf_dataset, parts, 0.9)}
+                          **both(make, labels, 0.9)}
   for name, labels, K, alpha, min_size, balancing in dirichlet_cases():
-    part = Dirichlet(num_partitions=K, partition_by="label", alpha=alpha,
-                     min_partition_size=min_size, self_balancing=balancing, seed=42)
-    part.dataset = _Dataset(labels)
-    parts = [part.load_partition(k) for k in range(K)]
+    make = functools.partial(Dirichlet, num_partitions=K, partition_by="label", alpha=alpha,
+                             min_partition_size=min_size, self_balancing=balancing, seed=42)
     out["dirichlet"][name] = {"clients": K, "alpha": alpha, "min_size": min_size,
-                              "self_balancing": balancing,
-                              **entry(hf_dataset, parts, 0.8)}
+                              "self_balancing": balancing, **both(make, labels, 0.8)}
   for name, labels, K, per in shard_cases():
-    part = Shard(num_partitions=K, partition_by="label", num_shards_per_partition=per,
-                 seed=42)
-    part.dataset = _Dataset(labels)
-    parts = [part.load_partition(k) for k in range(K)]
-    out["shard"][name] = {"clients": K, "shards_per_client": per,
-                          **entry(hf_dataset, parts, 0.8)}
+    make = functools.partial(Shard, num_partitions=K, partition_by="label",
+                             num_shards_per_partition=per, seed=42)
+    out["shard"][name] = {"clients": K, "shards_per_client": per, **both(make, labels, 0.8)}
   for name, n, K in iid_cases():
     # IidPartitioner shards the dataset itself (contiguous pieces): a real
-    # Dataset of the row numbers
-    part = Iid(num_partitions=K)
-    part._dataset = hf_dataset.from_dict({"i": list(range(n))})  # its setter checks
-    # the type against the stand-in the imports saw
-    parts = [part.load_partition(k)["i"] for k in range(K)]
-    out["iid"][name] = {"samples": n, "clients": K, **entry(hf_dataset, parts, 0.8)}
+    # Dataset of the row numbers, in stored order and shuffled
+    parts = {}
+    for key, ds in (("stored", hf_dataset.from_dict({"i": list(range(n))})),
+                    ("fds", hf_dataset.from_dict({"i": list(range(n))}).shuffle(seed=42))):
+      part = Iid(num_partitions=K)
+      part._dataset = ds  # its setter checks the type against the stand-in
+      parts[key] = [part.load_partition(k)["i"] for k in range(K)]
+    out["iid"][name] = {"samples": n, "clients": K, **entry(hf_dataset, parts["stored"], 0.8),
+                        "fds": entry(hf_dataset, parts["fds"], 0.8)}
   with open(OUT, "w") as f:
     json.dump(out, f, indent=1)
     f.write("\n")

@@ -12,7 +12,8 @@ clone's ``get_data.py`` and executed alone: they need only NumPy and Python's
   10 and 20 clients, where rounding runs past a label's end, and on 10
   clients under their CIFAR-10 sharding matrix (``sharding_matrix``, the
   loop their ``get_data.py`` runs for ``data_pattern == -1`` inline, so
-  written out here),
+  written out here), and under their IID shares (``data_pattern == 0``:
+  1 / K of every label) on 10 and 20 clients,
 
 with their seed 2020, and writes for each case the per-client sizes and a
 SHA-256 of the sorted index lists to ``tests/data/labelwise_reference.json``.
@@ -106,6 +107,10 @@ def main() -> None:
   for k in (10, 20):
     cases[f"synthetic_k{k}_p0.8"] = {"labels": "synthetic", "clients": k, "p": 0.8,
                                      **draw(y, k, 0.8)}
+  for k in (10, 20):  # their IID (--alpha 0, data_pattern == 0): 1 / K of every label
+    part = partitioner(_Data(y), partition_sizes=np.ones((10, k)) / k, class_num=10)
+    cases[f"synthetic_k{k}_iid"] = {"labels": "synthetic", "clients": k, "p": 1 / k,
+                                    **fingerprint(part.partitions)}
   part = partitioner(_Data(y), partition_sizes=sharding_matrix(0.8, 10, 10), class_num=10)
   cases["synthetic_k10_sharding0.8"] = {"labels": "synthetic", "clients": 10, "p": 0.8,
                                         "dominant_clients": 2, **fingerprint(part.partitions)}
