@@ -34,13 +34,13 @@ Methods and their options, with defaults:
   index sets and orders.
 * ``flower_iid``: Flower's ``IidPartitioner`` as the Hydra authors' code
   draws its IID rows: K contiguous pieces of the (shuffled) set.
-
-The four Flower partitions take ``shuffle_seed=42``: the training set is
-shuffled first, as Flower's ``FederatedDataset`` does before any
-partitioner sees it (-1: the stored order).
 * ``natural(group=False)``: the dataset's own client ids (pass
   ``client_ids``); with ``group`` and fewer clients than ids, each client
   holds a group of ids.
+
+The four Flower partitions also take ``shuffle_seed=42``: the training set
+is shuffled first, as Flower's ``FederatedDataset`` does before any
+partitioner sees it (-1: the stored order).
 
 All randomness comes from ``np.random.default_rng(seed)`` (``labelwise``:
 Python's ``random.Random(seed)``, as the code it reproduces; ``distribution``
