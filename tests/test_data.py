@@ -488,7 +488,7 @@ def test_rotation_is_pils_nearest_rotate():
   rotates (nearest pixel, black corners): all but the odd pixel whose
   source lies on a pixel edge (PIL steps in fixed point) equal PIL's; the
   angles are uniform in [-15, 15], a stream apart from the crop's."""
-  Image = pytest.importorskip("PIL.Image")
+  from PIL import Image  # a dependency of jsfl (its image readers)
   from jsfl.data.augment import Augment, apply, crop_flip, rotate_angles, rotate_image
   rng = np.random.default_rng(1)
   worst = 1.0

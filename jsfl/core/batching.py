@@ -72,6 +72,9 @@ def round_batches(key, table, sizes, batch_size: int, epochs: int,
                   client_ids=None, drop_last: bool = False, shuffle: bool = True):
   """``epochs`` freshly shuffled epochs (``shuffle``: or the same unshuffled
   one) concatenated: ``(E*nb, n, B)``."""
+  if not shuffle:  # every epoch the same batches: one, repeated
+    idx, mask = epoch_batches(key, table, sizes, batch_size, client_ids, drop_last, False)
+    return jnp.tile(idx, (epochs, 1, 1)), jnp.tile(mask, (epochs, 1, 1))
   keys = jax.random.split(key, epochs)
   idx, mask = jax.vmap(
       lambda k: epoch_batches(k, table, sizes, batch_size, client_ids, drop_last,

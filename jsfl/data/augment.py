@@ -45,6 +45,17 @@ def apply(aug: Augment, idx, x):
   return x
 
 
+def per_sample(key, idx, stream: int, draw):
+  """``draw(k)`` for every sample of ``idx`` (any shape), ``k`` the sample's
+  key on ``stream``: ``fold_in(fold_in(key, index), stream)``, so a sample's
+  draw depends on the key and its index only; each output of ``draw``
+  reshaped to ``idx``'s shape."""
+  def one(i):
+    return draw(jax.random.fold_in(jax.random.fold_in(key, i), stream))
+  out = jax.vmap(one)(jnp.reshape(idx, (-1,)))
+  return jax.tree.map(lambda a: a.reshape(jnp.shape(idx)), out)
+
+
 def crop_flip_draws(key, idx):
   """Each sample's ``(row offset, column offset, flip)``: offsets uniform in
   ``[0, 2 PAD]``, flip with probability 1/2, drawn from ``fold_in(key,
@@ -57,15 +68,11 @@ def crop_flip_draws(key, idx):
   Returns:
     ``(dy, dx, flip)``, each of ``idx``'s shape (int32, int32, bool).
   """
-  def one(i):
-    k_crop, k_flip = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, i),
-                                                         _CROP_FLIP))
+  def draw(k):
+    k_crop, k_flip = jax.random.split(k)
     dy, dx = jax.random.randint(k_crop, (2,), 0, 2 * PAD + 1)
     return dy, dx, jax.random.bernoulli(k_flip)
-  flat = jnp.reshape(idx, (-1,))
-  dy, dx, flip = jax.vmap(one)(flat)
-  shape = jnp.shape(idx)
-  return dy.reshape(shape), dx.reshape(shape), flip.reshape(shape)
+  return per_sample(key, idx, _CROP_FLIP, draw)
 
 
 def crop_flip(key, idx, x):
@@ -95,10 +102,8 @@ def crop_flip(key, idx, x):
 def rotate_angles(key, idx):
   """Each sample's angle in degrees, uniform in ``[-DEGREES, DEGREES]``, from
   the sample's key (a stream apart from its crop and flip)."""
-  def one(i):
-    k = jax.random.fold_in(jax.random.fold_in(key, i), _ROTATE)
-    return jax.random.uniform(k, (), jnp.float32, -DEGREES, DEGREES)
-  return jax.vmap(one)(jnp.reshape(idx, (-1,))).reshape(jnp.shape(idx))
+  return per_sample(key, idx, _ROTATE,
+                    lambda k: jax.random.uniform(k, (), jnp.float32, -DEGREES, DEGREES))
 
 
 def rotate_image(img, degrees):

@@ -115,6 +115,9 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
 }
 
 
+# Flower Datasets' partitioners, which the data pass through FederatedDataset.
+FLOWER = ("distribution", "flower_dirichlet", "flower_shard", "flower_iid")
+
 _TYPE_NAMES = {int: "an int", float: "a float", bool: "true/false"}
 
 
@@ -220,10 +223,6 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int,
   if name in FLOWER:
     return _flower_shuffled(name, labels, num_clients, num_classes, int(seed), opts)
   return _draw(name, labels, num_clients, num_classes, int(seed), opts, client_ids)
-
-
-# Flower Datasets' partitioners, which the data pass through FederatedDataset.
-FLOWER = ("distribution", "flower_dirichlet", "flower_shard", "flower_iid")
 
 
 def _flower_shuffled(name, labels, num_clients, num_classes, seed, opts):
