@@ -200,7 +200,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "batch_size": _f(int, 64, "batch size B", range="[1, 65536]"),
         "drop_last": _f(bool, False, "leave out every client's last partial batch of an "
                         "epoch (PyTorch's DataLoader drop_last; the Hydra authors' code "
-                        "drops it)"),
+                        "drops it on their own partitions, keeps it on Flower's)"),
         "shuffle": _f(bool, True, "reshuffle every client's samples each epoch; false = "
                       "batches in the order the client holds its samples, the same "
                       "every epoch (PyTorch's DataLoader without shuffle: the Hydra "

@@ -62,6 +62,37 @@ def ref_table_grouping(rho, table):
   return np.array([table[int(np.argmax(r))] for r in rho])
 
 
+def ref_client_grouping(K, table=None):
+  """The authors' code's assignment: by client id (``run_hydra.py``'s head a
+  client; ``test_hydra_heads.py``'s ``teams[G][client]``)."""
+  return np.array([k if table is None else table[k] for k in range(K)])
+
+
+def test_client_grouping_is_by_id_where_table_grouping_is_by_label():
+  """Off the dominant-label split two clients can share a dominant label:
+  ``table`` then puts them on one head and leaves a head without a client;
+  ``client`` gives each its own head (G = K), or row k of the table."""
+  rho = np.array([[9, 1, 0, 0], [8, 0, 2, 0], [0, 7, 0, 1], [0, 0, 6, 5]])
+  setup = lambda **o: make_setup(tiny_model(), make_fed_data([4, 4, 4, 4]),
+                                 options=HydraOptions(**o))
+  table = setup(grouping="table")
+  assert hydra.groups_of(table, rho).tolist() == [0, 0, 1, 2]
+  own = setup(grouping="client")
+  assert hydra.num_groups(own) == 4 and hydra.own_heads(own)
+  assert hydra.groups_of(own, rho).tolist() == ref_client_grouping(4).tolist()
+  six = make_setup(tiny_model(), make_fed_data([4] * 6), options=HydraOptions(grouping="client"))
+  assert hydra.num_groups(six) == 6  # a head a client, not a head a label
+  g2 = setup(grouping="client", groups=2, superclasses="consecutive")
+  want = ref_client_grouping(4, hydra.superclass_table("consecutive", 4, 2))
+  assert hydra.groups_of(g2, rho).tolist() == want.tolist() == [0, 0, 1, 1]
+  bad = make_setup(tiny_model(), make_fed_data([4] * 6),
+                   options=HydraOptions(grouping="client", groups=2,
+                                        superclasses="consecutive"))
+  with pytest.raises(ValueError, match="grouping='client' with method.groups=2, 6 clients "
+                                       "and 4 labels; allowed: groups = 0 or 6"):
+    hydra.validate(bad)
+
+
 def test_authors_tables_are_their_client_tables():
   """``superclasses="authors"`` is test_hydra_heads.py's ``teams_5`` /
   ``teams_2`` (client id -> head, client i dominant in label i), as labels."""
@@ -180,10 +211,14 @@ def ref_hydra(setup, data, key, rounds):
   G = hydra.num_groups(setup)
   st = hydra.init(setup, key)
   opts = dataclasses.asdict(setup.options)
-  table = hydra.superclass_table(opts.get("superclasses", "authors"), setup.num_classes, G)
+  table = (None if G > setup.num_classes else
+           hydra.superclass_table(opts.get("superclasses", "authors"), setup.num_classes, G))
   rho = np.asarray(data.counts)
-  group = (ref_grouping(rho, table, G) if opts.get("grouping") == "algorithm2"
-           else ref_table_grouping(rho, table))
+  if opts.get("grouping") == "client":
+    group = ref_client_grouping(rho.shape[0], None if G == rho.shape[0] else table)
+  else:
+    group = (ref_grouping(rho, table, G) if opts.get("grouping") == "algorithm2"
+             else ref_table_grouping(rho, table))
   server = HydraRefServer(setup, st, group)
   (part1, stats1), losses, _ = ref_split(setup, data, key, rounds, st.part1,
                                          st.part1_stats, server, st.label_rank)
@@ -205,6 +240,16 @@ CASES = {
     # part-2a = a BatchNorm conv stage, heads = both dense stages
     "fixed-cut1": {"sizes": [13, 7, 20, 5], "order": "fixed", "n": 4,
                    "opts": {"head_cut": 2}, "cut": 1},
+    # the authors' code's heads: one a client (G = K = 6 > L = 4: clients 4
+    # and 5 share clients 0 and 1's dominant labels), their uniform mean;
+    # partial participation, so some heads sit a round out
+    "random-client": {"sizes": [13, 7, 20, 5, 9, 11], "order": "random", "n": 4,
+                      "opts": {"grouping": "client"},
+                      "setup": {"order_rule": "authors", "aggregation": "uniform"}},
+    # test_hydra_heads.py's teams: client k on row k of the table (K = L)
+    "cyclic-client-G2": {"sizes": [13, 7, 20, 5], "order": "cyclic", "n": 4,
+                         "opts": {"groups": 2, "superclasses": "consecutive",
+                                  "grouping": "client"}},
     # the authors' server queue: random picks per server step, turns of 2;
     # their uniform mean of part-1
     "random-authors-G2": {"sizes": [13, 7, 20, 5, 9, 11], "order": "random", "n": 5,
@@ -309,22 +354,28 @@ SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_c
        "model.hidden=16", "exec.progress=false"]
 
 
-@pytest.mark.parametrize("grouping", ["table", "algorithm2"])
+@pytest.mark.parametrize("grouping", ["table", "algorithm2", "client"])
 def test_hydra_run_directory(tmp_path, grouping):
+  """groups.json as the round groups: G = 2 heads over 4 labels, or under
+  ``client`` a head for each of the 8 clients (no label table)."""
   out = tmp_path / "r"
+  heads = (["method.groups=2", "method.superclasses=consecutive"]
+           if grouping != "client" else [])
   code = cli.main(["run", *SYN, f"run.dir={out}", "run.rounds=2", "run.seeds=2",
                    "partition.num_clients=8", "partition.name=dominant_label",
                    "partition.p=0.8", "method.name=hydra", "method.order=cyclic",
-                   "method.groups=2", "method.superclasses=consecutive",
-                   f"method.grouping={grouping}"])
+                   *heads, f"method.grouping={grouping}"])
   assert code == 0
+  G = 8 if grouping == "client" else 2
   groups = json.loads((out / "groups.json").read_text())
-  assert groups["num_groups"] == 2 and groups["label_group"] == [0, 0, 1, 1]
+  assert groups["num_groups"] == G
+  assert groups["label_group"] == (None if grouping == "client" else [0, 0, 1, 1])
   part = json.loads((out / "partition.json").read_text())
   for seed, p in zip(groups["seeds"], part["seeds"]):
     rho, table = np.array(p["label_counts"]), np.array([0, 0, 1, 1])
-    want = (ref_grouping(rho, table, 2) if grouping == "algorithm2"
-            else ref_table_grouping(rho, table))
+    want = {"algorithm2": lambda: ref_grouping(rho, table, 2),
+            "table": lambda: ref_table_grouping(rho, table),
+            "client": lambda: ref_client_grouping(8)}[grouping]()
     assert seed["client_group"] == want.tolist()
     members = [c for g in seed["groups"] for c in g["clients"]]
     assert sorted(members) == list(range(8))
@@ -332,14 +383,19 @@ def test_hydra_run_directory(tmp_path, grouping):
   assert len(recs) == 4
   for r in recs:
     assert np.isfinite(r["accuracy"]) and len(r["per_position_accuracy"]) == 4
-    assert sum(r["head_batches"]) > 0 and len(r["head_batches"]) == 2
+    assert sum(r["head_batches"]) > 0 and len(r["head_batches"]) == G
 
 
-def test_bad_head_cut_is_a_config_error(tmp_path, capsys):
-  code = cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}", "method.name=hydra",
-                   "method.head_cut=1"])
+@pytest.mark.parametrize("args,says", [
+    (["method.head_cut=1"], "method.head_cut=1"),
+    (["method.grouping=client", "method.groups=2", "method.superclasses=consecutive",
+      "partition.num_clients=8"],
+     "method.grouping='client' with method.groups=2, 8 clients and 4 labels; allowed:")],
+    ids=["head_cut", "client-groups"])
+def test_bad_head_cut_is_a_config_error(tmp_path, capsys, args, says):
+  code = cli.main(["run", *SYN, f"run.dir={tmp_path / 'r'}", "method.name=hydra", *args])
   assert code == 2
-  assert "method.head_cut=1" in capsys.readouterr().err
+  assert says in capsys.readouterr().err
   assert not (tmp_path / "r").exists()
 
 

@@ -115,11 +115,11 @@ METHODS: dict[str, Entry] = {
     'fedseq': Entry('jsfl.methods.fedseq', {
     }),
     'hydra': Entry('jsfl.methods.hydra', {
-        'groups': Option(int, 0, 'number of heads G (0 = number of labels L)', None, '[0, 1000000]', False),
+        'groups': Option(int, 0, 'number of heads G (0 = number of labels L; under grouping = client the number of clients K)', None, '[0, 1000000]', False),
         'head_cut': Option(int, -1, "first stage of the heads (-1 = the model's default or the `head` preset)", None, '[-1, 10000]', False),
         'head': Option(str, '', "named head length of the model (MobileNetV1: 'small' = last 2 stages, 'large' = from stage 20)", None, None, False),
         'superclasses': Option(str, 'authors', "label -> group table when G < L: authors = the authors' code's tables (G = 5 or 2, 10 labels), cifar10 = the paper's CIFAR-10 tables, fashion_mnist, cifar100 = CIFAR-100's 20 superclasses (G = 20, 100 fine labels), consecutive (any L, G)", ('authors', 'consecutive', 'cifar10', 'fashion_mnist', 'cifar100'), None, False),
-        'grouping': Option(str, 'table', "which head a client trains: table = the head of its dominant label's group (the authors' code), algorithm2 = the paper's balanced assignment on the label counts", ('table', 'algorithm2'), None, False),
+        'grouping': Option(str, 'table', "which head a client trains: table = the head of its dominant label's group, client = by client id as the authors' code (client k: head k, G = K; with G < L row k of the table, K = L), algorithm2 = the paper's balanced assignment on the label counts", ('table', 'algorithm2', 'client'), None, False),
     }),
     'mergesfl': Entry('jsfl.methods.mergesfl', {
         'grad_scale': Option(str, 'client_mean', "cut-layer gradient a client gets back: client_mean = that of its own batch's mean loss (the authors' code: the merged gradient times the step's samples over the client's own), merged = its share of the merged batch's mean loss", ('client_mean', 'merged'), None, False),

@@ -6,10 +6,16 @@ AAAI 2026 (Sec. 4, Algorithm 2, Appendix A); docs/methods-hydra.md.
 The model is split in three: part-1 at the clients (as in SFL), part-2a at
 the server, shared and updated sequentially in the round's processing order,
 and G heads (part-2b) stored as one stacked pytree with a leading G axis.
-Every client belongs to one group: by default (``grouping = "table"``, the
-authors' code) the group of its dominant label in the label -> group table
-(``group_by_table``), or with ``grouping = "algorithm2"`` the paper's
-balanced assignment (``group_clients``, the corrected Algorithm 2).  In a
+Every client belongs to one group: by default (``grouping = "table"``) the
+group of its dominant label in the label -> group table
+(``group_by_table``); with ``grouping = "client"`` the authors' code's
+assignment, by client id: client k trains head k (G = K heads,
+``run_hydra.py``) or, with G < L, the head of row k of the table
+(``test_hydra_heads.py``); with ``grouping = "algorithm2"`` the paper's
+balanced assignment (``group_clients``, the corrected Algorithm 2).  The
+first two agree on the authors' dominant-label split, where client k's
+dominant label is k; off it (Dirichlet, sharding, IID) ``table`` shares a
+head among clients of one dominant label and leaves others untrained.  In a
 server step the client's batch goes through part-2a and the head of its
 group, and only part-2a and that head are updated (the head is gathered
 from the stack by index and scattered back; no Python indexing by client).
@@ -127,14 +133,15 @@ SUPERCLASSES[("cifar100", 20)] = tuple(
 SUPERCLASS_NAMES = ("authors", "consecutive", "cifar10", "fashion_mnist", "cifar100")
 
 
-GROUPINGS = ("table", "algorithm2")
+GROUPINGS = ("table", "algorithm2", "client")
 
 
 # Ranges hold the sentinels (groups 0, head_cut -1) and a generous upper
 # bound; Hydra's ``validate`` checks them against the model and the dataset.
 @option_set
 class HydraOptions:
-  groups: int = option(0, "number of heads G (0 = number of labels L)",
+  groups: int = option(0, "number of heads G (0 = number of labels L; under "
+                       "grouping = client the number of clients K)",
                        range="[0, 1000000]")
   head_cut: int = option(-1, "first stage of the heads (-1 = the model's default or the "
                          "`head` preset)", range="[-1, 10000]")
@@ -146,8 +153,10 @@ class HydraOptions:
                              "20 superclasses (G = 20, 100 fine labels), consecutive (any "
                              "L, G)", choices=SUPERCLASS_NAMES)
   grouping: str = option("table", "which head a client trains: table = the head of its "
-                         "dominant label's group (the authors' code), algorithm2 = the "
-                         "paper's balanced assignment on the label counts",
+                         "dominant label's group, client = by client id as the "
+                         "authors' code (client k: head k, G = K; with G < L row k of "
+                         "the table, K = L), algorithm2 = the paper's balanced "
+                         "assignment on the label counts",
                          choices=GROUPINGS)
 
 
@@ -226,7 +235,16 @@ def group_by_table(counts, table):
 
 
 def num_groups(setup: Setup) -> int:
-  return setup.options.groups or setup.num_classes
+  opts = setup.options
+  if opts.grouping == "client":
+    return opts.groups or setup.num_clients
+  return opts.groups or setup.num_classes
+
+
+def own_heads(setup: Setup) -> bool:
+  """Whether every client trains a head of its own (``grouping = "client"``
+  with G = K): the authors' ``run_hydra.py``, no label -> group table."""
+  return setup.options.grouping == "client" and num_groups(setup) == setup.num_clients
 
 
 def head_cut(setup: Setup) -> int:
@@ -249,15 +267,28 @@ def validate(setup: Setup) -> None:
   """Raises ValueError for an impossible head cut or grouping."""
   hc = head_cut(setup)
   setup.model.check_cut(hc, "method.head_cut", low=setup.cut + 1)
+  if own_heads(setup):
+    return
   superclass_table(setup.options.superclasses, setup.num_classes,
                    num_groups(setup))
+  if setup.options.grouping == "client" and setup.num_clients != setup.num_classes:
+    raise ValueError(
+        f"method.grouping='client' with method.groups={num_groups(setup)}, "
+        f"{setup.num_clients} clients and {setup.num_classes} labels; allowed: "
+        f"groups = 0 or {setup.num_clients} (a head a client), or as many clients "
+        "as labels (client k the head of label k's group)")
 
 
 def groups_of(setup: Setup, counts):
   """Every client's group from the ``(K, L)`` label counts, by the ``grouping``
   option."""
   opts = setup.options
+  K = jnp.shape(counts)[0]
+  if own_heads(setup):
+    return jnp.arange(K, dtype=jnp.int32)
   table = superclass_table(opts.superclasses, setup.num_classes, num_groups(setup))
+  if opts.grouping == "client":  # K = L: the table's row of the client's id
+    return jnp.asarray(table)[jnp.arange(K)]
   if opts.grouping == "table":
     return group_by_table(counts, table)
   return group_clients(counts, jnp.asarray(table), num_groups(setup))
@@ -389,16 +420,19 @@ def output_model(setup: Setup, state: State):
 
 
 def artifacts(setup: Setup, partitions) -> dict:
-  """``groups.json``: per seed, client -> group and each group's labels."""
-  table = superclass_table(setup.options.superclasses,
-                           setup.num_classes, num_groups(setup))
+  """``groups.json``: per seed, client -> group and each group's labels
+  (none where every client has a head of its own: ``label_group`` null)."""
+  table = (None if own_heads(setup) else
+           superclass_table(setup.options.superclasses, setup.num_classes,
+                            num_groups(setup)))
   seeds = []
   for p in partitions:
     group = np.asarray(groups_of(setup, np.asarray(p["label_counts"])))
     seeds.append({
         "seed": p["seed"],
         "client_group": group,
-        "groups": [{"group": g, "labels": np.flatnonzero(table == g),
+        "groups": [{"group": g,
+                    "labels": [] if table is None else np.flatnonzero(table == g),
                     "clients": np.flatnonzero(group == g)}
                    for g in range(num_groups(setup))]})
   return {"groups.json": {"num_groups": num_groups(setup),
