@@ -629,17 +629,28 @@ def fedmut_starts(setup, part1):
   return starts
 
 
-def fedexp_aggregate(eps, weights="uniform"):
+def fedexp_aggregate(eps, weights="uniform", form="paper", setup=None):
   """FedExp's server step on the client portions, looped (``weights =
-  "samples"``: SFL's sample weights for a_i instead of 1/M)."""
+  "samples"``: SFL's sample weights for a_i instead of 1/M; ``form =
+  "authors"``: the FedExp code's ``M eps_t``, eps_t shrinking with the
+  square of round r's learning rate, ``setup``'s decay from its
+  ``lr_decay_start``)."""
+  calls = [0]
+
   def aggregate(part1, stats1, p1, s1, sizes):
     n = len(p1)
+    r, calls[0] = calls[0], calls[0] + 1
+    eps_r = eps
+    if form == "authors":
+      lr_r = max(setup.lr * setup.lr_decay ** max(r - setup.lr_decay_start + 1, 0),
+                 setup.lr_min)
+      eps_r = n * eps * (lr_r / setup.lr) ** 2
     w = (np.asarray(sizes, np.float64) / np.sum(sizes) if weights == "samples"
          else np.ones(n) / n)
     deltas = [jax.tree.map(lambda g, c_: g - c_, part1, pc) for pc in p1]
     dbar = ref_avg(deltas, w)
     sq = lambda t_: sum(float(jnp.sum(a_ ** 2)) for a_ in jax.tree.leaves(t_))
-    eta = max(1.0, sum(w_ * sq(d_) for w_, d_ in zip(w, deltas)) / (2 * (sq(dbar) + eps)))
+    eta = max(1.0, sum(w_ * sq(d_) for w_, d_ in zip(w, deltas)) / (2 * (sq(dbar) + eps_r)))
     return jax.tree.map(lambda g, d_: g - eta * d_, part1, dbar), ref_avg(s1, w)
   return aggregate
 
@@ -654,7 +665,8 @@ def ref_sfl_form(mod, setup, data, key, rounds):
   if mod is sfl_fedmut:
     kw["starts"] = fedmut_starts(setup, st.part1)
   if mod is sfl_fedexp:
-    kw["aggregate"] = fedexp_aggregate(setup.options.eps, setup.options.weights)
+    kw["aggregate"] = fedexp_aggregate(setup.options.eps, setup.options.weights,
+                                       setup.options.eps_form, setup)
   (part1, stats1), losses, _ = ref_split(setup, data, key, rounds, st.part1,
                                          st.part1_stats, server, st.label_rank, **kw)
   return (part1, stats1, server.part2, server.stats2), losses
@@ -664,15 +676,20 @@ SF_CASES = {
     "sfl_fedntd": (sfl_fedntd, {"beta": 2.0, "tau": 2.0}),
     "sfl_fedexp": (sfl_fedexp, {"eps": 1e-3, "weights": "uniform"}),
     "sfl_fedexp-samples": (sfl_fedexp, {"eps": 1e-3, "weights": "samples"}),
+    # the FedExp code's eps: 3 eps (lr_t / lr)^2, lr halved from round 2
+    # (eta_g 1.38 in round 1 where the paper's eps gives 1.46)
+    "sfl_fedexp-authors": (sfl_fedexp, {"eps": 1e-3, "eps_form": "authors"},
+                           {"lr_decay": 0.5, "lr_decay_start": 1}),
     "sfl_fedmut": (sfl_fedmut, {"radius": 4.0, "acc_rate": 0.3, "bound": 1}),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SF_CASES))
 def test_sfl_form_equals_loop(name):
-  mod, opts = SF_CASES[name]
+  mod, opts, *extra = SF_CASES[name]
   setup = make_setup(tiny_model(), SF_DATA, clients_per_round=3, order="random",
-                     options=get_method(name.split("-")[0]).options(**opts))
+                     options=get_method(name.split("-")[0]).options(**opts),
+                     **(extra[0] if extra else {}))
   key = jax.random.key(9)
   rnd = jax.jit(lambda s, k: mod.round(setup, s, SF_DATA, k))
   state, losses, ms = mod.init(setup, key), [], []

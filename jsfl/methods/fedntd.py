@@ -11,8 +11,8 @@ model in eval mode.  Defaults beta = 1, tau = 1 (docs/methods-sequential.md).
 the split (SFL) form of FedNTD, where the logits come out of the server
 portion, reuses it unchanged.
 
-Departure from docs/methods-sequential.md: the ``tau^2`` factor of the authors' code is kept
-(it is 1 at the default tau = 1).
+The ``tau^2`` factor is the authors' code's (their ``NTD_Loss``), not in
+the paper's equation; it is 1 at the default tau = 1.
 """
 
 from __future__ import annotations

@@ -20,7 +20,13 @@ Decisions and departures:
 
 * BatchNorm statistics are not extrapolated (a variance could turn
   negative): they are averaged with the same weights ``a_i``.
-* eps = 1e-3 (the FedExp paper's value for its vision experiments).
+* eps = 1e-3 (the FedExp paper's value for its vision experiments), as the
+  paper writes it (``eps_form = "paper"``).  The FedExp authors' code
+  (Divyansh03/FedExP, ``main.py``) adds ``M eps_t`` instead of ``eps``, M
+  the round's participants and ``eps_t`` decayed with the square of its
+  local learning rate (both by 0.998 a round): ``eps_form = "authors"``
+  uses ``M eps (lr_t / lr)^2``, ``lr_t`` the round's learning rate under
+  ``optim.lr_decay`` and ``lr`` the configured one.
 * The FedExp paper also evaluates the mean of the last two global iterates;
   jsfl outputs the last one, like every other method.
 * ``eta_g`` is logged in the metrics.
@@ -31,7 +37,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jsfl.core.data import hyper
 from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.plan import RoundPlan, plan_round
 from jsfl.core.setup import Setup
 from jsfl.core.trees import weighted_mean
 from jsfl.engine import sfl_family, split
@@ -43,6 +51,7 @@ output_model = sfl_family.output_model
 
 
 FEDEXP_WEIGHTS = ("uniform", "samples")
+EPS_FORMS = ("paper", "authors")
 
 
 # eps > 0 keeps eta_g finite when every client returns the global model
@@ -53,6 +62,9 @@ class FedExpOptions:
                       batchable=True)
   weights: str = option("uniform", "client weights a_i: uniform 1/M (FedExp) or "
                         "by sample count (SFL's)", choices=FEDEXP_WEIGHTS)
+  eps_form: str = option("paper", "the denominator's eps: paper = eps; authors = the "
+                         "FedExp code's M eps (lr_t / lr)^2, M participants, lr_t the "
+                         "round's decayed learning rate", choices=EPS_FORMS)
 
 
 def validate(setup: Setup) -> None:
@@ -90,12 +102,27 @@ def fedexp_step(global_params, stacked_params, weights, eps: float):
   return new, eta
 
 
+def round_eps(setup: Setup, plan: RoundPlan):
+  """The round's eps by ``eps_form``: ``eps``, or the FedExp code's
+  ``M eps (lr_t / lr)^2`` (``plan.context``: the configured lr)."""
+  eps = plan.options.eps
+  if setup.options.eps_form == "paper":
+    return eps
+  return eps * plan.sizes.shape[0] * (plan.lr / plan.context) ** 2
+
+
+def plan(setup: Setup, state: State, data, key) -> RoundPlan:
+  """SFL's plan with the configured (undecayed) lr as its context."""
+  p = plan_round(setup, data, key, state.round)
+  return p._replace(context=hyper(setup, data).lr)
+
+
 def finish(setup: Setup, state: State, out: split.SplitRound):
   """FedExp's server step on the participants' part-1 (their statistics
   averaged with the same weights); SFL's metrics plus ``eta_g``."""
   o = out.plan.options
   w = out.plan.sizes if o.weights == "samples" else jnp.ones_like(out.plan.sizes)
-  part1, eta = fedexp_step(state.part1, out.clients.params, w, o.eps)
+  part1, eta = fedexp_step(state.part1, out.clients.params, w, round_eps(setup, out.plan))
   new, metrics = sfl_family.finish(state, out._replace(
       part1=part1, part1_stats=weighted_mean(out.clients.stats, w)))
   metrics["eta_g"] = eta
@@ -105,8 +132,9 @@ def finish(setup: Setup, state: State, out: split.SplitRound):
 def build(setup: Setup) -> split.SplitRounds:
   """SFL-form FedExp for a run: SFL's round with the part-1 copies kept
   apart and FedExp's extrapolated step at the end (method options
-  ``eps``, ``weights``)."""
-  return sfl_family.rounds(setup, sfl_family.algorithm(setup, client_final=None), finish)
+  ``eps``, ``weights``, ``eps_form``)."""
+  return sfl_family.rounds(setup, sfl_family.algorithm(setup, client_final=None, plan=plan),
+                           finish)
 
 
 def round(setup: Setup, state: State, data, key):

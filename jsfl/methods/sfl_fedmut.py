@@ -24,7 +24,9 @@ Decisions and departures:
 * With an odd number of participants the unmutated start is placed at a
   random position of the per-layer arrangement; the authors always leave the
   last sampled client unmutated.
-* Aggregation is SFL's mean (``method.aggregation``).
+* Aggregation is SFL's mean (``method.aggregation``, sample-weighted by
+  default); the authors' code averages with equal weights
+  (``Aggregation(w_locals, None)``), ``method.aggregation = "uniform"``.
 * ``mutation_beta`` (beta_t of the starts used) and ``mutation_norm``
   (``||g||``) are logged.
 """
