@@ -547,6 +547,17 @@ def test_sfedkd_equals_loop():
     assert m["reg_loss"] > 0
 
 
+def test_sfedkd_with_augmentation_and_epochs_equals_loop():
+  """Teachers' logits are computed in a round's first epoch and reused in
+  the later ones, which holds only while a sample's augmentation is drawn
+  once a round: the loop's teachers see every (augmented) batch afresh."""
+  data = make_fed_data(DATA_SIZES)
+  setup = seq_setup(data, options=SFedKDOptions(num_teachers=KD["m"])).replace(
+      augment="crop_flip", local_epochs=2)
+  metrics, _ = sfedkd_against_loop(data, setup, jax.random.key(8))
+  assert all(m["reg_loss"] > 0 for m in metrics[1:])
+
+
 def test_sfedkd_equals_loop_at_other_options():
   """Every SFedKD option that changes the math off its default at once: the
   discrepancy and selection metrics, eps, the smoothing, equal NCKD
