@@ -409,16 +409,18 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None, steps=
         if not mask[t, c].any():
           continue
         x, y = gather(rdata, idx[t, c])
+        # the warm-up's weight of the distillation term in (0-based) round r
+        ramp = min(r / kd["warmup"], 1.0) if kd and kd.get("warmup") else 1.0
         if teachers is not None and kd.get("rule", "dkd") != "dkd":
           tl = jnp.stack([ref_logits(model, tp, ts, x) for tp, ts in teachers])
           loss, ns, g = ref_mkd_grad(model, p, s, x, y, mask[t, c], tl, kd["rule"],
-                                     kd["lam"], kd["t"])
+                                     kd["lam"] * ramp, kd["t"])
         elif teachers is not None:
           tl = jnp.stack([ref_logits(model, tp, ts, x) for tp, ts in teachers])
           loss, ns, g = ref_kd_grad(model, p, s, x, y, mask[t, c], tl,
                                     jnp.asarray(w_tc[j], jnp.float32),
                                     jnp.asarray(w_nc[j], jnp.float32),
-                                    kd["alpha"], kd["beta"], kd["t"])
+                                    kd["alpha"] * ramp, kd["beta"] * ramp, kd["t"])
         elif cwc_opts:
           loss, ns, g = ref_cwc_grad(model, p, s, x, y, mask[t, c], anchor, importance,
                                      cwc_opts["lam"])
@@ -556,6 +558,25 @@ def test_sfedkd_with_augmentation_and_epochs_equals_loop():
       augment="crop_flip", local_epochs=2)
   metrics, _ = sfedkd_against_loop(data, setup, jax.random.key(8))
   assert all(m["reg_loss"] > 0 for m in metrics[1:])
+
+
+@pytest.mark.parametrize("rule", ["dkd", "camkd"])
+def test_kd_warmup_equals_loop(rule):
+  """``kd_warmup = 2``: the distillation term at half weight in round 1 (the
+  first with teachers) and full from round 2, SFedKD's and a baseline's."""
+  data = make_fed_data(DATA_SIZES)
+  kd = {**KD, "warmup": 2.0}
+  opts = {"num_teachers": KD["m"], "kd_warmup": 2.0}
+  if rule != "dkd":
+    kd.update(rule=rule, lam=1.5)
+    opts.update(kd_loss=rule, kd_weight=1.5)
+  setup = seq_setup(data, options=SFedKDOptions(**opts))
+  metrics, _ = sfedkd_against_loop(data, setup, jax.random.key(8), kd)
+  full, _ = sfedkd_against_loop(data, seq_setup(data, options=SFedKDOptions(
+      **{**opts, "kd_warmup": 0.0})), jax.random.key(8), {**kd, "warmup": 0})
+  # round 1's term at half weight: smaller than at full weight (the logged
+  # term is the weighted one; the students differ after the first batch)
+  assert 0 < metrics[1]["reg_loss"] < full[1]["reg_loss"]
 
 
 def test_sfedkd_equals_loop_at_other_options():

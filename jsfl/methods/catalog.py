@@ -165,6 +165,7 @@ METHODS: dict[str, Entry] = {
         'nc_weights': Option(str, 'discrepancy', 'NCKD teacher weights', ('discrepancy', 'equal'), None, False),
         'kd_loss': Option(str, 'dkd', "distillation term: dkd = SFedKD's discrepancy-weighted multi-teacher DKD; aver / ebkd / camkd = plain KD from the same teachers weighted equally / by entropy / by confidence (the FedSeq + AVER / EBKD / CA-MKD baselines)", ('dkd', 'aver', 'ebkd', 'camkd'), None, False),
         'kd_weight': Option(float, 1.0, 'weight of the KD term of kd_loss = aver / ebkd / camkd', None, '[0, inf)', True),
+        'kd_warmup': Option(float, 0.0, "rounds over which the distillation term ramps in: weight min(r / kd_warmup, 1) in the 0-based round r (DKD's warm-up, counted in rounds); 0 = full weight from the first round with teachers", None, '[0, inf)', True),
         'teacher_exec': Option(str, 'auto', "how the teachers' forward runs: one vmapped forward over the stacked teachers, or unrolled; auto = unroll on CPU, vmap elsewhere", ('auto', 'vmap', 'unroll', 'map'), None, False),
         'teacher_cache': Option(bool, True, 'run the teachers once per client on its first epoch and look their logits up in later epochs (same values, E times fewer teacher forwards); not used with method.drop_last, whose epochs hold different samples', None, None, False),
     }),

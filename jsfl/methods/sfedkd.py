@@ -30,6 +30,11 @@ Loss of student client s (Eq. 3-5, 7): ``CE + alpha_t TCKD + beta_t NCKD``,
   teachers know what it learns); ``tc_weights`` / ``nc_weights = "equal"``
   replace either by 1/M (Table 2's ablation).
 
+The paper gives no warm-up; DKD's reference code ramps its term over its
+first 20 epochs.  ``kd_warmup = W`` (rounds) scales the distillation term
+(DKD's or a baseline's) by ``min(r / W, 1)`` in the 0-based round r; the
+default 0 applies it at full weight from round 1, the first with teachers.
+
 Multi-teacher KD baselines (SFedKD Sec. 4.3.1, Table 2: "FedSeq + AVER /
 EBKD / CA-MKD"; ``kd_loss``).  The ablation replaces SFedKD's KD method and
 keeps its framework, so the baselines are this round with another loss term:
@@ -165,6 +170,10 @@ class SFedKDOptions:
                         "FedSeq + AVER / EBKD / CA-MKD baselines)", choices=KD_LOSSES)
   kd_weight: float = option(1.0, "weight of the KD term of kd_loss = aver / ebkd / camkd",
                             range="[0, inf)", batchable=True)
+  kd_warmup: float = option(0.0, "rounds over which the distillation term ramps in: "
+                            "weight min(r / kd_warmup, 1) in the 0-based round r (DKD's "
+                            "warm-up, counted in rounds); 0 = full weight from the "
+                            "first round with teachers", range="[0, inf)", batchable=True)
   teacher_exec: str = option("auto", "how the teachers' forward runs: one vmapped "
                              "forward over the stacked teachers, or unrolled; auto = "
                              "unroll on CPU, vmap elsewhere", choices=TEACHER_EXECS)
@@ -491,6 +500,7 @@ class Teachers(NamedTuple):
   stats: Any
   on: jax.Array | None
   data: Any
+  ramp: jax.Array | None = None  # the distillation term's weight (kd_warmup)
 
 
 def plan(setup: Setup, state: State, data, key) -> RoundPlan:
@@ -499,10 +509,18 @@ def plan(setup: Setup, state: State, data, key) -> RoundPlan:
   if setup.options.num_teachers == 0:
     return p._replace(context=Teachers(None, None, None, None, data))
   pos = select(setup, state, data, jax.random.fold_in(key, 0x5EDCD))
+  on = (state.round > 0).astype(jnp.float32)
   return p._replace(context=Teachers(
       pos, jax.tree.map(lambda a: a[pos], state.prev_params),
-      jax.tree.map(lambda a: a[pos], state.prev_stats),
-      (state.round > 0).astype(jnp.float32), data))
+      jax.tree.map(lambda a: a[pos], state.prev_stats), on, data,
+      on * warmup_weight(p.options.kd_warmup, state.round)))
+
+
+def warmup_weight(warmup, round_idx):
+  """``min(r / warmup, 1)`` in the 0-based round r, 1 without a warm-up:
+  mdistiller's DKD ramps its term over its first 20 epochs the same way."""
+  r = jnp.asarray(round_idx, jnp.float32)
+  return jnp.where(warmup > 0, jnp.minimum(r / jnp.maximum(warmup, 1e-12), 1.0), 1.0)
 
 
 def uses_cache(setup: Setup) -> bool:
@@ -553,11 +571,11 @@ def client_term(setup: Setup):
     else:
       tl = teacher_logits(setup, t.params, t.stats, batch.x, o.teacher_exec)
     if rule != "dkd":
-      return t.on * o.kd_weight * multi_teacher_kd(batch.logits, tl, batch.y, batch.mask,
-                                                   rule, o.temperature)
+      return t.ramp * o.kd_weight * multi_teacher_kd(batch.logits, tl, batch.y, batch.mask,
+                                                     rule, o.temperature)
     tckd, nckd = multi_teacher_dkd(batch.logits, tl, batch.y, batch.mask,
                                    wtc, wnc, o.temperature)
-    return t.on * (o.alpha_t * tckd + o.beta_t * nckd)
+    return t.ramp * (o.alpha_t * tckd + o.beta_t * nckd)
   return term
 
 
