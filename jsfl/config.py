@@ -191,6 +191,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                          "batches_per_turn batches per client turn); steps = the paper's "
                          "batch steps (every client's batch t in step t's order; random: "
                          "a fresh permutation per step)", ("authors", "steps")),
+        "cycle": _f(str, "label", "what a cyclic order cycles through, drawn once per run: "
+                    "label = a random order of the labels, each client at its dominant "
+                    "label's place (ties by id; the paper's reading); client = a random "
+                    "order of the clients (the Hydra authors' code)", ("label", "client")),
         "batches_per_turn": _f(int, 1, "cyclic orders under order_rule = authors: batches "
                                "of one client the server takes in a row (the authors' "
                                "phi)", range="[1, 100000]"),

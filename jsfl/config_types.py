@@ -83,6 +83,7 @@ class MethodSection:
   name: str
   order: str
   order_rule: str
+  cycle: str
   batches_per_turn: int
   clients_per_round: int
   local_epochs: int

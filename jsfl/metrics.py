@@ -125,6 +125,23 @@ def per_position_accuracy(acc: ArrayLike, label_order) -> np.ndarray | jax.Array
   return a[jnp.asarray(label_order)]
 
 
+def cycle_label_order(client_order, dominant, num_classes: int) -> np.ndarray:
+  """The labels of a client cycle (``method.cycle = "client"``) in the order
+  it serves them: each label at its first client's place, then the labels
+  no client is dominant in, ascending, so the result is a permutation of
+  ``0..L-1``.  Where every client has its own dominant label this is the
+  dominant labels in client order, the Hydra authors' positions.
+
+  Args:
+    client_order: ``(K,)`` client ids in cycle order.
+    dominant: ``(K,)`` each client's dominant label.
+    num_classes: L.
+  """
+  labels = np.asarray(dominant)[np.asarray(client_order)].tolist()
+  first = list(dict.fromkeys(int(label) for label in labels))
+  return np.asarray(first + [c for c in range(num_classes) if c not in set(first)], np.int64)
+
+
 def summarize(records: Iterable[dict], keys: Sequence[str] = (
     "accuracy", "loss", "pg", "bw"), last: int = 5, ddof: int = 0
               ) -> dict[str, dict | None]:

@@ -236,6 +236,13 @@ def ref_authors_queue(order, batches, first, per_turn, pick):
   return seq
 
 
+def ref_client_cycle(clients, client_rank):
+  """``method.cycle = "client"``: the participants' positions in the run's
+  client cycle (``client_rank``: each client's place in it)."""
+  rank = np.asarray(client_rank)
+  return sorted(range(len(clients)), key=lambda c: rank[int(clients[c])])
+
+
 def authors_sequence(setup, order_key, mask, clients, dominant, label_rank):
   """The serving sequence of a round under ``order_rule="authors"``, by
   :func:`ref_authors_queue`, and each participant's live batch steps."""
@@ -243,6 +250,8 @@ def authors_sequence(setup, order_key, mask, clients, dominant, label_rank):
   n = live.shape[1]
   if setup.order == "random":
     first = list(range(n))
+  elif setup.order != "fixed" and setup.cycle == "client":
+    first = ref_client_cycle(np.asarray(clients), label_rank)
   else:
     how = "fixed" if setup.order == "fixed" else "cyclic"
     first = np.asarray(processing_orders(how, order_key, 1, clients, dominant,
@@ -314,8 +323,10 @@ def ref_split(setup, data, key, rounds, part1, stats1, server, label_rank,
     rkey = jax.random.fold_in(key, r)
     order_key, clients, weights, idx, mask, lr = schedule(setup, data, rkey, r)
     rdata = training_data(setup, data, rkey)
+    places = (np.arange(len(data.dominant)) if setup.cycle == "client"
+              else data.dominant)
     orders = np.asarray(processing_orders(
-        setup.order, order_key, idx.shape[0], clients, data.dominant, label_rank))
+        setup.order, order_key, idx.shape[0], clients, places, label_rank))
     clients = np.asarray(clients)
     orders_seen.append(clients[orders])
     n = len(clients)

@@ -246,6 +246,12 @@ CASES = {
     "random-client": {"sizes": [13, 7, 20, 5, 9, 11], "order": "random", "n": 4,
                       "opts": {"grouping": "client"},
                       "setup": {"order_rule": "authors", "aggregation": "uniform"}},
+    # the authors' cyclic order too: one random order of the 6 clients for
+    # the run (clients 0 and 4 share a dominant label), turns of 2 batches
+    "cyclic-client-cycle": {"sizes": [13, 7, 20, 5, 9, 11], "order": "cyclic", "n": 6,
+                            "opts": {"grouping": "client"},
+                            "setup": {"order_rule": "authors", "cycle": "client",
+                                      "batches_per_turn": 2, "aggregation": "uniform"}},
     # test_hydra_heads.py's teams: client k on row k of the table (K = L)
     "cyclic-client-G2": {"sizes": [13, 7, 20, 5], "order": "cyclic", "n": 4,
                          "opts": {"groups": 2, "superclasses": "consecutive",
@@ -384,6 +390,29 @@ def test_hydra_run_directory(tmp_path, grouping):
   for r in recs:
     assert np.isfinite(r["accuracy"]) and len(r["per_position_accuracy"]) == 4
     assert sum(r["head_batches"]) > 0 and len(r["head_batches"]) == G
+
+
+def test_client_cycle_records_the_labels_in_its_order(tmp_path):
+  """``method.cycle = "client"`` on 8 clients over 4 labels: every round
+  serves the clients in one order, and ``label_order`` lists each label at
+  its first client's place (``per_position_accuracy`` read through it)."""
+  out = tmp_path / "r"
+  code = cli.main(["run", *SYN, f"run.dir={out}", "run.rounds=2", "run.seeds=2",
+                   "partition.num_clients=8", "partition.name=dominant_label",
+                   "partition.p=0.8", "method.name=sfl", "method.order=cyclic",
+                   "method.cycle=client"])
+  assert code == 0
+  part = json.loads((out / "partition.json").read_text())
+  dominant = {p["seed"]: np.argmax(np.array(p["label_counts"]), axis=1) for p in part["seeds"]}
+  recs = read_metrics(f"{out}/metrics.jsonl")
+  for seed in (0, 1):
+    mine = [r for r in recs if r["seed"] == seed]
+    assert mine[0]["clients"] == mine[1]["clients"] and sorted(mine[0]["clients"]) == list(range(8))
+    labels = [int(dominant[seed][c]) for c in mine[0]["clients"]]
+    want = list(dict.fromkeys(labels)) + [c for c in range(4) if c not in labels]
+    for r in mine:
+      assert r["label_order"] == want
+      assert r["per_position_accuracy"] == [r["per_label_accuracy"][c] for c in want]
 
 
 @pytest.mark.parametrize("args,says", [

@@ -105,6 +105,17 @@ def test_per_position_accuracy():
     metrics.per_position_accuracy(acc, [0, 1, 2])
 
 
+def test_cycle_label_order():
+  # one client a label: the dominant labels in client order
+  assert metrics.cycle_label_order([2, 0, 3, 1], [3, 1, 0, 2], 4).tolist() == [0, 3, 2, 1]
+  # shared dominant labels (clients 0 and 3: label 1) keep their first
+  # place; labels nobody is dominant in (2, 4) come last, ascending
+  got = metrics.cycle_label_order([3, 1, 0, 2], [1, 0, 3, 1], 5)
+  assert got.tolist() == [1, 0, 3, 2, 4]
+  np.testing.assert_allclose(metrics.per_position_accuracy(np.arange(5.0), got),
+                             [1.0, 0.0, 3.0, 2.0, 4.0])
+
+
 def _records():
   recs = []
   # seed 0: accuracy 10..70 over rounds 1..7 -> last 5 are 30..70 -> 50.

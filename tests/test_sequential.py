@@ -24,6 +24,7 @@ from loop_reference import (
   TOL,
   make_setup,
   ref_avg,
+  ref_client_cycle,
   ref_grad,
   ref_sgd,
   run_rounds,
@@ -387,8 +388,11 @@ def ref_sequential(mod, setup, data, key, rounds, kd=None, cwc_opts=None, steps=
     rkey = jax.random.fold_in(key, r)
     order_key, clients, _, idx, mask, lr = schedule(setup, data, rkey, r)
     rdata = training_data(setup, data, rkey)
-    seq = np.asarray(processing_orders(setup.order, order_key, 1, clients,
-                                              data.dominant, st.label_rank))[0]
+    if setup.cycle == "client" and setup.order in ("cyclic", "cyclic_reverse"):
+      seq = np.asarray(ref_client_cycle(np.asarray(clients), st.label_rank))
+    else:
+      seq = np.asarray(processing_orders(setup.order, order_key, 1, clients,
+                                         data.dominant, st.label_rank))[0]
     students = np.asarray(clients)[seq]
     teachers = None
     if kd and r > 0:
@@ -479,6 +483,25 @@ def test_fedseq_equals_loop(augment):
       augment=augment), data, key, 2)
   chex.assert_trees_all_close(kd0.params, state.params, **TOL)
   np.testing.assert_allclose(l0, losses, **TOL)
+
+
+def test_fedseq_client_cycle_equals_loop():
+  """``method.cycle = "client"``: the sequence follows one random order of
+  the clients drawn for the run (the Hydra authors' cyclic order), not the
+  label cycle: two clients of one dominant label need not follow each
+  other."""
+  data = make_fed_data(DATA_SIZES)
+  setup = seq_setup(data).replace(order="cyclic", cycle="client")
+  key = jax.random.key(7)
+  state, losses, metrics = run_logged(fedseq, setup, data, key, 2)
+  (p, s, _), ref_losses, _ = ref_sequential(fedseq, setup, data, key, 2)
+  chex.assert_trees_all_close(state.params, p, **TOL)
+  np.testing.assert_allclose(losses, ref_losses, **TOL)
+  assert state.label_rank.shape == (len(DATA_SIZES),)  # a rank per client
+  order = [np.asarray(m["clients"]).tolist() for m in metrics]
+  rank = np.asarray(state.label_rank)
+  for o in order:  # the same cycle every round: participants by their rank
+    assert o == sorted(o, key=lambda c: rank[c])
 
 
 @pytest.mark.parametrize("mod,steps", [(fedseq, 2), (sfedkd, 4)], ids=["fedseq", "sfedkd"])

@@ -74,7 +74,8 @@ class Method:
     that needs the model or the data sizes to see;
   * ``artifacts(setup, partitions) -> {file name: JSON object}``: extra
     files of the run directory (Hydra's ``groups.json``);
-  * ``label_rank(state) -> (L,)``: the run's label cycle, for methods with
+  * ``label_rank(state) -> (L,)``: the run's label cycle (``(K,)``, the
+    client cycle, under ``method.cycle = "client"``), for methods with
     cyclic processing orders (per-position accuracy);
   * ``options``: the method's option set (:func:`jsfl.options.option_set`),
     its own ``[method]`` keys; a run's ``Setup.options`` is an instance.

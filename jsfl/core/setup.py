@@ -46,6 +46,7 @@ class Setup:
   order: str = "random"
   order_rule: str = "authors"  # engine.schedule.RULES
   batches_per_turn: int = 1   # cyclic orders under order_rule="authors"
+  cycle: str = "label"        # what cyclic orders cycle through (engine.orders.CYCLES)
   drop_last: bool = False     # a client's last partial batch of an epoch is left out
   aggregation: str = "samples"  # round-end client weights (AGGREGATIONS)
   shuffle: bool = True        # False: a client's batches in its index order every epoch

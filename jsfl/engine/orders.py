@@ -7,6 +7,9 @@ import jax
 import jax.numpy as jnp
 
 ORDERS = ("random", "cyclic", "cyclic_reverse", "fixed")
+# What a cyclic order cycles through: the labels (a client at its dominant
+# label's place) or the clients themselves (the Hydra authors' code).
+CYCLES = ("label", "client")
 
 
 # --------------------------------------------------------- processing order
@@ -14,6 +17,23 @@ def label_rank(key, num_classes: int):
   """The cyclic order's label sequence, drawn once per run: rank of each label."""
   perm = jax.random.permutation(key, num_classes)
   return jnp.argsort(perm).astype(jnp.int32)
+
+
+def run_cycle(setup, key):
+  """The run's cycle, drawn once: the rank of each label (``cycle =
+  "label"``), or of each client (``"client"``)."""
+  if setup.cycle not in CYCLES:
+    raise ValueError(f"method.cycle={setup.cycle!r}; allowed: {CYCLES}")
+  return label_rank(key, setup.num_clients if setup.cycle == "client" else setup.num_classes)
+
+
+def cycle_places(setup, dominant):
+  """``(K,)`` each client's entry in the run's cycle: its dominant label, or
+  under ``cycle = "client"`` the client itself (what :func:`processing_orders`
+  takes as ``dominant``)."""
+  if setup.cycle == "client":
+    return jnp.arange(jnp.shape(dominant)[0], dtype=jnp.int32)
+  return dominant
 
 
 def processing_orders(order: str, key, num_steps: int, clients, dominant,

@@ -47,7 +47,7 @@ from jsfl.core.data import training_data
 from jsfl.core.plan import RoundPlan, plan_round, round_metrics
 from jsfl.core.setup import Setup
 from jsfl.engine import parallel
-from jsfl.engine.orders import label_rank, processing_orders
+from jsfl.engine.orders import cycle_places, processing_orders, run_cycle
 from jsfl.engine.parallel import Client, ClientTerm, bound, no_term
 from jsfl.engine.steps import StepModels
 
@@ -66,7 +66,7 @@ class State:
 def init_state(setup: Setup, key) -> State:
   k_model, k_rank = jax.random.split(key)
   params, stats = setup.model.init(k_model)
-  return State(params, stats, label_rank(k_rank, setup.num_classes),
+  return State(params, stats, run_cycle(setup, k_rank),
                jnp.zeros((), jnp.int32))
 
 
@@ -74,10 +74,11 @@ def sequence_order(setup: Setup, plan: RoundPlan, data, label_rank):
   """Positions into ``plan.clients`` in training order, ``(n,)`` int32:
   ``random`` a fresh permutation every round, ``fixed`` ascending ids,
   ``cyclic`` / ``cyclic_reverse`` by dominant label in the run's label cycle
-  (docs/methods-splitfed.md#processing-order; one pass a round makes both
+  (or in the run's client cycle, ``method.cycle``;
+  docs/methods-splitfed.md#processing-order; one pass a round makes both
   the same order)."""
   return processing_orders(setup.order, plan.order_key, 1, plan.clients,
-                           data.dominant, label_rank)[0]
+                           cycle_places(setup, data.dominant), label_rank)[0]
 
 
 def train_sequence(setup: Setup, plan, data, params, stats, seq, *,

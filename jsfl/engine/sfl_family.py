@@ -22,7 +22,7 @@ from jsfl.core.method import staged_model
 from jsfl.core.portion import kept
 from jsfl.core.setup import Setup
 from jsfl.engine import split
-from jsfl.engine.orders import label_rank
+from jsfl.engine.orders import run_cycle
 
 
 @struct.dataclass
@@ -42,7 +42,7 @@ def init(setup: Setup, key) -> State:
   c = setup.cut
   tx = setup.tx
   return State(params[:c], stats[:c], params[c:], stats[c:], tx.init(params[c:]),
-               label_rank(k_rank, setup.num_classes),
+               run_cycle(setup, k_rank),
                jnp.zeros((), jnp.int32))
 
 

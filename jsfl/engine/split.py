@@ -67,6 +67,7 @@ from jsfl.core.plan import RoundPlan, plan_round, round_metrics
 from jsfl.core.portion import Portion, fresh_stack
 from jsfl.core.trees import broadcast, weighted_mean
 from jsfl.engine import schedule
+from jsfl.engine.orders import cycle_places
 from jsfl.engine.steps import StepModels, scan_live
 
 
@@ -264,9 +265,10 @@ def plan_at_round(setup, state, data, key) -> RoundPlan:
 
 def label_cycle(setup, state, plan: RoundPlan, data) -> schedule.Schedule:
   """The sequential server's schedule: ``setup.order`` over the run's label
-  cycle ``state.label_rank`` under ``setup.order_rule``."""
+  cycle ``state.label_rank`` (or client cycle, ``method.cycle``) under
+  ``setup.order_rule``."""
   return schedule.round_schedule(setup, plan.order_key, plan.mask, plan.clients,
-                                 data.dominant, state.label_rank)
+                                 cycle_places(setup, data.dominant), state.label_rank)
 
 
 def batch_steps(setup, state, plan: RoundPlan, data) -> schedule.Schedule:

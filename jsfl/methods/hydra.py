@@ -56,7 +56,7 @@ from jsfl.core.portion import Portion, kept
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, put_rows, take_rows
 from jsfl.engine import split
-from jsfl.engine.orders import label_rank
+from jsfl.engine.orders import run_cycle
 from jsfl.options import option, option_set
 
 # Superclass tables: label -> group.  CIFAR-10 labels are airplane,
@@ -318,7 +318,7 @@ def init(setup: Setup, key) -> State:
   heads = broadcast(params[h:], G)
   return State(params[:c], stats[:c], params[c:h], stats[c:h], tx.init(params[c:h]),
                heads, broadcast(stats[h:], G), jax.vmap(tx.init)(heads),
-               label_rank(k_rank, setup.num_classes),
+               run_cycle(setup, k_rank),
                jnp.zeros((), jnp.int32))
 
 

@@ -41,7 +41,7 @@ from jsfl.core.portion import fresh_stack
 from jsfl.core.setup import Setup
 from jsfl.core.trees import broadcast, take_rows
 from jsfl.engine import sfl_family, split
-from jsfl.engine.orders import processing_orders
+from jsfl.engine.orders import cycle_places, processing_orders
 
 # One part-1, one part-2 and the server optimiser state: exactly SFL's state.
 State = sfl_family.State
@@ -75,8 +75,8 @@ def visit_round(setup: Setup, rule: split.ServerRule, state: State, data, key):
   """
   data = training_data(setup, data, key)
   plan = plan_round(setup, data, key, state.round)
-  order = visiting_order(setup, plan.order_key, plan.clients, data.dominant,
-                         state.label_rank, state.round)
+  order = visiting_order(setup, plan.order_key, plan.clients,
+                         cycle_places(setup, data.dominant), state.label_rank, state.round)
   # (n, T, 1, B): each client's batch steps, clients in visiting order, as a
   # participant axis of one.
   idx = jnp.swapaxes(plan.idx, 0, 1)[order][:, :, None]

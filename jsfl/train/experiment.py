@@ -269,7 +269,7 @@ def make_setup(cfg: dict, model, cut: int, max_size: int) -> Setup:
   return Setup(
       model=model, num_clients=K, clients_per_round=n, max_size=max_size,
       batch_size=me.batch_size, local_epochs=me.local_epochs,
-      cut=cut, order=me.order, order_rule=me.order_rule,
+      cut=cut, order=me.order, order_rule=me.order_rule, cycle=me.cycle,
       batches_per_turn=me.batches_per_turn, drop_last=me.drop_last,
       aggregation=me.aggregation, shuffle=me.shuffle, augment=c.dataset.augment,
       lr=o.lr, lr_decay=o.lr_decay, lr_min=o.lr_min,

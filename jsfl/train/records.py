@@ -68,6 +68,9 @@ def round_record(cfg, exp, state, m, e, i, r, history, wall, traffic) -> dict:
   rec.update({k: v[i] for k, v in m.items() if k not in BASE_METRICS})
   if setup.order in ("cyclic", "cyclic_reverse") and exp.method.label_rank is not None:
     label_order = np.argsort(np.asarray(exp.method.label_rank(state)[i]))
+    if setup.cycle == "client":  # the cycle ranks clients: their labels' order
+      label_order = metrics.cycle_label_order(label_order, exp.partitions[i]["dominant"],
+                                              setup.num_classes)
     rec["label_order"] = label_order
     rec["per_position_accuracy"] = metrics.per_position_accuracy(pla, label_order)
   return rec
