@@ -672,6 +672,8 @@ def ref_sfl_form(mod, setup, data, key, rounds):
   return (part1, stats1, server.part2, server.stats2), losses
 
 
+SF_SETUP_CUT = 2  # make_setup's cut: part-1 is the model's first two stages
+
 SF_CASES = {
     "sfl_fedntd": (sfl_fedntd, {"beta": 2.0, "tau": 2.0}),
     "sfl_fedexp": (sfl_fedexp, {"eps": 1e-3, "weights": "uniform"}),
@@ -714,6 +716,33 @@ def test_sfl_form_equals_loop(name):
   if mod is sfl_fedmut:
     assert ms[0]["mutation_norm"] == 0 and ms[1]["mutation_norm"] > 0
     assert [float(m["mutation_beta"]) for m in ms] == pytest.approx([0.3, 0.3, 0.0])
+
+
+def test_fedexp_evaluates_the_mean_of_the_last_two_when_asked():
+  """``evaluate = "last_two"``: the same training; the output's part-1 is the
+  round's global part-1 after round 1, then the mean of the last two."""
+  key = jax.random.key(9)
+  outs, states = {}, {}
+  for ev in ("last", "last_two"):
+    setup = make_setup(tiny_model(), SF_DATA, clients_per_round=3, order="random",
+                       options=get_method("sfl_fedexp").options(evaluate=ev))
+    rnd = jax.jit(lambda s, k, setup=setup: sfl_fedexp.round(setup, s, SF_DATA, k))
+    st, seen = sfl_fedexp.init(setup, key), []
+    for r in range(3):
+      st, _ = rnd(st, jax.random.fold_in(key, r))
+      seen.append((st, sfl_fedexp.output_model(setup, st)))
+    outs[ev], states[ev] = seen, [x[0] for x in seen]
+  chex.assert_trees_all_equal(states["last"], states["last_two"])
+  c = SF_SETUP_CUT
+  for r, ((st, (params, stats)), (_, (last, last_stats))) in enumerate(
+      zip(outs["last_two"], outs["last"], strict=True)):
+    chex.assert_trees_all_equal(params[c:], last[c:])  # part-2 as it stands
+    chex.assert_trees_all_equal(stats, last_stats)
+    want = (last[:c] if r == 0 else jax.tree.map(
+        lambda a, b: (a + b) / 2, outs["last"][r][1][0][:c], outs["last"][r - 1][1][0][:c]))
+    chex.assert_trees_all_close(params[:c], want, rtol=1e-6, atol=1e-7)
+  assert not np.allclose(jax.tree.leaves(outs["last_two"][2][1][0][:c])[0],
+                         jax.tree.leaves(outs["last"][2][1][0][:c])[0])
 
 
 def test_fedexp_step_hand_case():

@@ -27,31 +27,57 @@ Decisions and departures:
   local learning rate (both by 0.998 a round): ``eps_form = "authors"``
   uses ``M eps (lr_t / lr)^2``, ``lr_t`` the round's learning rate under
   ``optim.lr_decay`` and ``lr`` the configured one.
-* The FedExp paper also evaluates the mean of the last two global iterates;
-  jsfl outputs the last one, like every other method.
+* The FedExp paper and code evaluate the mean of the last two global
+  iterates (training goes on from the last), which damps the oscillation
+  extrapolation causes: ``evaluate = "last_two"`` outputs part-1 as that
+  mean (their first round: the iterate itself), part-2 and the statistics
+  as they stand (their code averages the parameter vector only); the
+  default ``"last"`` outputs the last one, like every other method.
 * ``eta_g`` is logged in the metrics.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from jsfl.core.data import hyper
-from jsfl.core.method import Method, label_rank_of, split_communication
+from jsfl.core.method import Method, label_rank_of, split_communication, staged_model
 from jsfl.core.plan import RoundPlan, plan_round
 from jsfl.core.setup import Setup
 from jsfl.core.trees import weighted_mean
 from jsfl.engine import sfl_family, split
 from jsfl.options import option, option_set
 
-State = sfl_family.State
-init = sfl_family.init
-output_model = sfl_family.output_model
-
-
 FEDEXP_WEIGHTS = ("uniform", "samples")
 EPS_FORMS = ("paper", "authors")
+EVALUATES = ("last", "last_two")
+
+
+@struct.dataclass
+class State(sfl_family.State):
+  prev_part1: tuple = ()  # the global part-1 a round earlier (evaluate = "last_two")
+
+
+def init(setup: Setup, key) -> State:
+  base = sfl_family.init(setup, key)
+  return State(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)},
+               prev_part1=base.part1)
+
+
+def output_model(setup: Setup, state: State):
+  """SFL's model; under ``evaluate = "last_two"`` with part-1 the mean of
+  the last two global ones once there are two."""
+  params, stats = staged_model(setup, state)
+  if setup.options.evaluate == "last_two":
+    two = state.round >= 2
+    part1 = jax.tree.map(lambda a, b: jnp.where(two, (a + b) / 2, a),
+                         state.part1, state.prev_part1)
+    params = part1 + state.part2
+  return params, stats
 
 
 # eps > 0 keeps eta_g finite when every client returns the global model
@@ -65,6 +91,9 @@ class FedExpOptions:
   eps_form: str = option("paper", "the denominator's eps: paper = eps; authors = the "
                          "FedExp code's M eps (lr_t / lr)^2, M participants, lr_t the "
                          "round's decayed learning rate", choices=EPS_FORMS)
+  evaluate: str = option("last", "the model evaluated and output: last = the last "
+                         "global model; last_two = part-1 the mean of the last two "
+                         "(the FedExp paper's and code's evaluation)", choices=EVALUATES)
 
 
 def validate(setup: Setup) -> None:
@@ -124,7 +153,7 @@ def finish(setup: Setup, state: State, out: split.SplitRound):
   w = out.plan.sizes if o.weights == "samples" else jnp.ones_like(out.plan.sizes)
   part1, eta = fedexp_step(state.part1, out.clients.params, w, round_eps(setup, out.plan))
   new, metrics = sfl_family.finish(state, out._replace(
-      part1=part1, part1_stats=weighted_mean(out.clients.stats, w)))
+      part1=part1, part1_stats=weighted_mean(out.clients.stats, w)), prev_part1=state.part1)
   metrics["eta_g"] = eta
   return new, metrics
 
