@@ -162,8 +162,8 @@ def build(setup: Setup) -> split.SplitRounds:
   """SFL-form FedExp for a run: SFL's round with the part-1 copies kept
   apart and FedExp's extrapolated step at the end (method options
   ``eps``, ``weights``, ``eps_form``)."""
-  return sfl_family.rounds(setup, sfl_family.algorithm(setup, client_final=None, plan=plan),
-                           finish)
+  return split.SplitRounds(setup, sfl_family.algorithm(setup, client_final=None, plan=plan),
+                          init, finish)
 
 
 def round(setup: Setup, state: State, data, key):
