@@ -360,28 +360,22 @@ SYN = ["dataset.name=synthetic", "dataset.input_shape=[8, 8, 1]", "dataset.num_c
        "model.hidden=16", "exec.progress=false"]
 
 
-@pytest.mark.parametrize("grouping", ["table", "algorithm2", "client"])
+@pytest.mark.parametrize("grouping", ["table", "algorithm2"])
 def test_hydra_run_directory(tmp_path, grouping):
-  """groups.json as the round groups: G = 2 heads over 4 labels, or under
-  ``client`` a head for each of the 8 clients (no label table)."""
   out = tmp_path / "r"
-  heads = (["method.groups=2", "method.superclasses=consecutive"]
-           if grouping != "client" else [])
   code = cli.main(["run", *SYN, f"run.dir={out}", "run.rounds=2", "run.seeds=2",
                    "partition.num_clients=8", "partition.name=dominant_label",
                    "partition.p=0.8", "method.name=hydra", "method.order=cyclic",
-                   *heads, f"method.grouping={grouping}"])
+                   "method.groups=2", "method.superclasses=consecutive",
+                   f"method.grouping={grouping}"])
   assert code == 0
-  G = 8 if grouping == "client" else 2
   groups = json.loads((out / "groups.json").read_text())
-  assert groups["num_groups"] == G
-  assert groups["label_group"] == (None if grouping == "client" else [0, 0, 1, 1])
+  assert groups["num_groups"] == 2 and groups["label_group"] == [0, 0, 1, 1]
   part = json.loads((out / "partition.json").read_text())
   for seed, p in zip(groups["seeds"], part["seeds"]):
     rho, table = np.array(p["label_counts"]), np.array([0, 0, 1, 1])
-    want = {"algorithm2": lambda: ref_grouping(rho, table, 2),
-            "table": lambda: ref_table_grouping(rho, table),
-            "client": lambda: ref_client_grouping(8)}[grouping]()
+    want = (ref_grouping(rho, table, 2) if grouping == "algorithm2"
+            else ref_table_grouping(rho, table))
     assert seed["client_group"] == want.tolist()
     members = [c for g in seed["groups"] for c in g["clients"]]
     assert sorted(members) == list(range(8))
@@ -389,22 +383,28 @@ def test_hydra_run_directory(tmp_path, grouping):
   assert len(recs) == 4
   for r in recs:
     assert np.isfinite(r["accuracy"]) and len(r["per_position_accuracy"]) == 4
-    assert sum(r["head_batches"]) > 0 and len(r["head_batches"]) == G
+    assert sum(r["head_batches"]) > 0 and len(r["head_batches"]) == 2
 
 
-def test_client_cycle_records_the_labels_in_its_order(tmp_path):
-  """``method.cycle = "client"`` on 8 clients over 4 labels: every round
-  serves the clients in one order, and ``label_order`` lists each label at
-  its first client's place (``per_position_accuracy`` read through it)."""
+def test_the_authors_heads_and_cycle_in_a_run_directory(tmp_path):
+  """Hydra as the authors' code runs it on 8 clients over 4 labels: a head a
+  client (``groups.json``: 8 groups, no label table) and one random order
+  of the clients every round (``method.cycle = "client"``), whose
+  ``label_order`` lists each label at its first client's place
+  (``per_position_accuracy`` read through it)."""
   out = tmp_path / "r"
   code = cli.main(["run", *SYN, f"run.dir={out}", "run.rounds=2", "run.seeds=2",
                    "partition.num_clients=8", "partition.name=dominant_label",
-                   "partition.p=0.8", "method.name=sfl", "method.order=cyclic",
-                   "method.cycle=client"])
+                   "partition.p=0.8", "method.name=hydra", "method.order=cyclic",
+                   "method.grouping=client", "method.cycle=client"])
   assert code == 0
+  groups = json.loads((out / "groups.json").read_text())
+  assert groups["num_groups"] == 8 and groups["label_group"] is None
+  assert all(s["client_group"] == ref_client_grouping(8).tolist() for s in groups["seeds"])
   part = json.loads((out / "partition.json").read_text())
   dominant = {p["seed"]: np.argmax(np.array(p["label_counts"]), axis=1) for p in part["seeds"]}
   recs = read_metrics(f"{out}/metrics.jsonl")
+  assert all(len(r["head_batches"]) == 8 and sum(r["head_batches"]) > 0 for r in recs)
   for seed in (0, 1):
     mine = [r for r in recs if r["seed"] == seed]
     assert mine[0]["clients"] == mine[1]["clients"] and sorted(mine[0]["clients"]) == list(range(8))
