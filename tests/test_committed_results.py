@@ -9,14 +9,18 @@ would be most of the checkout, which a GPU lease copies within a size
 limit.  No file or folder name
 under experiments/ is longer than a sweep cell's name may be
 (jsfl.sweep.format.NAME_LIMIT, 60 characters), so the tree checks out on
-every file system and reads in a listing.  One case per top-level folder of
-experiments/, so a folder that is not yet in shape fails alone.
+every file system and reads in a listing.  Every run is finished (its last
+evaluated round is its ``run.rounds``) unless ``results/partial.toml`` of its
+folder names it with why, and every name there is an unfinished run.  One
+case per top-level folder of experiments/, so a folder that is not yet in
+shape fails alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tomllib
 
 import pytest
 
@@ -77,3 +81,40 @@ def test_no_name_over_the_limit(folder):
       if len(name) > NAME_LIMIT:
         long.append(f"{os.path.relpath(os.path.join(d, name), ROOT)} ({len(name)})")
   assert not long, f"{len(long)} names over {NAME_LIMIT} characters:\n" + "\n".join(long)
+
+
+def unfinished(run_dir: str) -> str | None:
+  """Why a committed run directory is not finished (None if it is): its
+  summary's last evaluated round against its config's ``run.rounds``."""
+  with open(os.path.join(run_dir, "config.json")) as f:
+    rounds = json.load(f)["config"]["run"]["rounds"]
+  with open(os.path.join(run_dir, "summary.json")) as f:
+    done = json.load(f).get("rounds_evaluated")
+  return None if done == rounds else f"{done} of {rounds} rounds"
+
+
+@pytest.mark.parametrize("folder", [case(f) for f in FOLDERS])
+def test_committed_runs_are_finished_or_listed_as_partial(folder):
+  listed: dict[str, str] = {}
+  path = os.path.join(EXPERIMENTS, folder, "results", "partial.toml")
+  if os.path.exists(path):
+    with open(path, "rb") as f:
+      listed = tomllib.load(f)
+  root = os.path.join(EXPERIMENTS, folder, "results")
+  bad, seen = [], set()
+  for d, _, files in walk(folder):
+    if "summary.json" not in files or "config.json" not in files:
+      continue
+    name = os.path.relpath(d, root)
+    why = unfinished(d)
+    if name in listed:
+      seen.add(name)
+      if why is None:
+        bad.append(f"{name}: finished, but listed in {os.path.relpath(path, ROOT)}")
+    elif why is not None:
+      bad.append(f"{os.path.relpath(d, ROOT)}: {why}; finish it, or name it with why "
+                 f"in {os.path.relpath(path, ROOT)}")
+  bad += [f"{os.path.relpath(path, ROOT)}: {name!r} names no run directory"
+          for name in sorted(set(listed) - seen)]
+  assert not bad, "\n".join(bad)
+
