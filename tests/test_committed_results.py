@@ -10,8 +10,9 @@ limit.  No file or folder name
 under experiments/ is longer than a sweep cell's name may be
 (jsfl.sweep.format.NAME_LIMIT, 60 characters), so the tree checks out on
 every file system and reads in a listing.  Every run is finished (its last
-evaluated round is its ``run.rounds``) unless ``results/partial.toml`` of its
-folder names it with why, and every name there is an unfinished run.  One
+evaluated round is its ``run.rounds``) unless the ``partial.toml`` of its
+family's results (experiments/sequential/results/partial.toml) names it
+with why, and every name there is an unfinished run.  One
 case per top-level folder of experiments/, so a folder that is not yet in
 shape fails alone.
 """
