@@ -120,9 +120,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "augment": _f(str, "none", "training-time augmentation: crop_flip = torchvision's "
                       "RandomCrop(size, padding=4) and RandomHorizontalFlip(), what both "
                       "papers' authors train CIFAR on; crop_flip_rotate = then "
-                      "RandomRotation(15), the Hydra authors' CIFAR-100; drawn per sample "
+                      "RandomRotation(15), the Hydra authors' CIFAR-100; flip = "
+                      "RandomHorizontalFlip() alone (the Hydra authors' Tiny-ImageNet "
+                      "flip, without its 224-pixel crop); drawn per sample "
                       "and round (docs/setting.md#augmentation); none = the images as "
-                      "stored", ("none", "crop_flip", "crop_flip_rotate")),
+                      "stored", ("none", "flip", "crop_flip", "crop_flip_rotate")),
         "mean": _f(list, [], "per-channel mean of x / 255 that inputs are normalised by; "
                    "[] = the training set's own (the Hydra authors' CIFAR-10: 0.4914, "
                    "0.4822, 0.4465; SVHN: 0.5 each)", range="[0, 1]", item=float),

@@ -459,6 +459,21 @@ def test_crop_flip_is_torchvisions_padded_crop_and_flip():
   assert not np.array_equal(crop_flip_draws(jax.random.key(5), many)[0], dy)
 
 
+def test_flip_is_torchvisions_horizontal_flip_alone():
+  """``flip``: each sample mirrored left-right by crop_flip's own flip draw,
+  nothing cropped."""
+  from jsfl.data.augment import Augment, apply, crop_flip_draws
+  rng = np.random.default_rng(3)
+  x = rng.integers(0, 256, (2, 4, 6, 5, 3), dtype=np.uint8)
+  idx = np.arange(8).reshape(2, 4) * 7
+  key = jax.random.key(6)
+  got = np.asarray(apply(Augment(key, "flip"), jnp.asarray(idx), jnp.asarray(x)))
+  _, _, f = map(np.asarray, crop_flip_draws(key, jnp.asarray(idx)))
+  assert 0 < f.sum() < f.size  # both kinds in the batch
+  for i in np.ndindex(idx.shape):
+    np.testing.assert_array_equal(got[i], x[i][:, ::-1] if f[i] else x[i])
+
+
 def test_dataset_mean_and_std_replace_the_training_sets_own(tmp_path, capsys):
   """dataset.mean / dataset.std (a paper's constants) normalise training and
   evaluation alike; they come together, one value a channel, or the run

@@ -10,7 +10,9 @@ black, as theirs), with every draw a function of a key and the sample's
 index: one draw per sample and key, whatever the batch's shape or order.
 The Hydra authors' CIFAR-100 transform then rotates by an angle uniform in
 [-15, 15] degrees (``RandomRotation(15)`` on the PIL image: nearest pixel,
-corners filled black): :func:`rotate`.
+corners filled black): :func:`rotate`.  Their Tiny-ImageNet transform flips
+too, after a ``RandomResizedCrop(224)`` jsfl does not make (it trains on the
+64 x 64 images): :func:`flip` alone.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-AUGMENTS = ("none", "crop_flip", "crop_flip_rotate")
+AUGMENTS = ("none", "flip", "crop_flip", "crop_flip_rotate")
 PAD = 4  # torchvision's RandomCrop(padding=4), as both authors' CIFAR transforms
 DEGREES = 15.0  # RandomRotation(15), the Hydra authors' CIFAR-100 transform
 # Streams of a sample's key: the crop and flip, the rotation.
@@ -39,6 +41,8 @@ class Augment:
 
 def apply(aug: Augment, idx, x):
   """``x`` (the raw images of the samples ``idx``) augmented by ``aug``."""
+  if aug.mode == "flip":
+    return flip(aug.key, idx, x)
   x = crop_flip(aug.key, idx, x)
   if aug.mode == "crop_flip_rotate":
     x = rotate(aug.key, idx, x)
@@ -97,6 +101,14 @@ def crop_flip(key, idx, x):
     return jnp.where(f, win[:, ::-1], win)
   out = jax.vmap(one)(padded, dy.reshape(-1), dx.reshape(-1), flip.reshape(-1))
   return out.reshape(x.shape)
+
+
+def flip(key, idx, x):
+  """torchvision's ``RandomHorizontalFlip()`` alone, each sample mirrored by
+  its :func:`crop_flip_draws` flip (the same draw ``crop_flip`` uses); ``x``
+  of shape ``idx.shape + (H, W, C)``."""
+  _, _, f = crop_flip_draws(key, idx)
+  return jnp.where(f[..., None, None, None], x[..., :, ::-1, :], x)
 
 
 def rotate_angles(key, idx):
