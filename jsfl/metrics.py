@@ -139,7 +139,8 @@ def cycle_label_order(client_order, dominant, num_classes: int) -> np.ndarray:
   """
   labels = np.asarray(dominant)[np.asarray(client_order)].tolist()
   first = list(dict.fromkeys(int(label) for label in labels))
-  return np.asarray(first + [c for c in range(num_classes) if c not in set(first)], np.int64)
+  served = set(first)
+  return np.asarray(first + [c for c in range(num_classes) if c not in served], np.int64)
 
 
 def summarize(records: Iterable[dict], keys: Sequence[str] = (

@@ -46,7 +46,7 @@ from flax import struct
 
 from jsfl.core.data import hyper
 from jsfl.core.method import Method, label_rank_of, split_communication, staged_model
-from jsfl.core.plan import RoundPlan, plan_round
+from jsfl.core.plan import RoundPlan
 from jsfl.core.setup import Setup
 from jsfl.core.trees import weighted_mean
 from jsfl.engine import sfl_family, split
@@ -142,8 +142,8 @@ def round_eps(setup: Setup, plan: RoundPlan):
 
 def plan(setup: Setup, state: State, data, key) -> RoundPlan:
   """SFL's plan with the configured (undecayed) lr as its context."""
-  p = plan_round(setup, data, key, state.round)
-  return p._replace(context=hyper(setup, data).lr)
+  return split.plan_at_round(setup, state, data, key)._replace(
+      context=hyper(setup, data).lr)
 
 
 def finish(setup: Setup, state: State, out: split.SplitRound):
