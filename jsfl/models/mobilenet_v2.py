@@ -1,7 +1,8 @@
 """MobileNetV2 (Sandler et al. 2018), CIFAR variant, one block per stage.
 
-The CIFAR variant (as in the common CIFAR ports, e.g. kuangliu/pytorch-cifar,
-used by the MultiSFL paper's MobileNetV2 runs) has a 3x3 stride-1 stem and
+The CIFAR variant (as in the common CIFAR ports, e.g. kuangliu/pytorch-cifar;
+the MultiSFL authors' file differs and their code runs no MobileNetV2 cell,
+docs/models.md) has a 3x3 stride-1 stem and
 stride 1 in the second bottleneck group, so a 32x32 input reaches the
 classifier at 4x4 (SAME padding everywhere, so a 28x28 input works too:
 28 -> 14 -> 7 -> 4).
