@@ -271,6 +271,12 @@ def _check_out_file(path: str, flag: str) -> None:
 
 
 def cmd_run(args) -> int:
+  given = [flag for flag, value in (("--coordinator", args.coordinator),
+                                    ("--num-processes", args.num_processes),
+                                    ("--process-id", args.process_id)) if value is not None]
+  if given and not args.distributed:
+    return _fail(f"{given[0]} without --distributed; allowed: --distributed with it (one "
+                 "process of a multi-host run), or none of these flags")
   if args.distributed:  # before anything else touches a jax backend
     from jsfl import distributed
     try:
@@ -422,7 +428,7 @@ def cmd_report(args) -> int:
   try:
     rep = report.build_report(args.paths, by=by, last=args.last,
                               paired_with=args.paired, best_ma=args.best_ma,
-                              reference=args.reference)
+                              reference=args.reference, strict_by=True)
   except ValueError as e:
     return _fail(str(e))
   if not rep.rows:  # one line, the notes on each path folded into it
@@ -440,11 +446,14 @@ def cmd_plot(args) -> int:
   if args.last < 1:
     return _fail(f"--last={args.last}; allowed: an int >= 1")
   by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
+  if not args.out and len(args.paths) == 1 and not os.path.isdir(args.paths[0]):
+    return _fail(f"{args.paths[0]!r} is not a directory; allowed: run directories, or "
+                 "directories holding them")
   out = args.out or (os.path.join(args.paths[0], "plots") if len(args.paths) == 1
                      else "plots")
   _check_out_dir(out, "--out")
   try:
-    pngs, problems = plots.plot_runs(args.paths, out, by=by, last=args.last)
+    pngs, problems = plots.plot_runs(args.paths, out, by=by, last=args.last, strict_by=True)
   except plots.MissingDependency as e:
     print(f"jsfl: error: {e}", file=sys.stderr)
     return 1
@@ -533,10 +542,27 @@ def main(argv=None) -> int:
     raise
 
 
+def _glue_shard(argv: list[str]) -> list[str]:
+  """``--shard -1/2`` as ``--shard=-1/2``: argparse reads a value that starts
+  with '-' (and is not a plain negative number) as a flag, so the value would
+  be reported missing rather than named with what is allowed."""
+  out, i = [], 0
+  while i < len(argv):
+    if argv[i] == "--shard" and argv[i + 1:i + 2] and argv[i + 1][1:2].isdigit() \
+        and argv[i + 1].startswith("-"):
+      out.append(f"--shard={argv[i + 1]}")
+      i += 2
+    else:
+      out.append(argv[i])
+      i += 1
+  return out
+
+
 def _dispatch(argv=None) -> int:
   from jsfl.allocator import configure
   configure()  # before the command's first JAX call starts the backend
   parser = _parser()
+  argv = _glue_shard(list(sys.argv[1:] if argv is None else argv))
   # key=value pairs may follow --flags; argparse alone would reject them there.
   args, extra = parser.parse_known_args(argv)
   bad = [e for e in extra if "=" not in e or e.startswith("-")]

@@ -151,7 +151,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                range=f"[0, {INT32_MAX}]"),
     },
     "model": {
-        "name": _f(str, "small_cnn", "model"),
+        "name": _f(str, "small_cnn", "model, by its registered name: docs/models.md lists "
+                   "jsfl's; jsfl.models.register adds one"),
         "cut": _f(int, -1, "part-1 / part-2 cut index; -1 = the model's default",
                  range="[-1, inf)"),
         "norm": _f(str, "", "normalisation; '' = the model's default",

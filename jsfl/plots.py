@@ -490,13 +490,15 @@ def plot_groups(groups: Sequence[report.Group], out_dir: str, last: int = 5) -> 
 
 
 def plot_runs(paths: Sequence[str], out_dir: str, by: Sequence[str] | None = None,
-              last: int = 5) -> tuple[list[str], list[str]]:
+              last: int = 5, strict_by: bool = False) -> tuple[list[str], list[str]]:
   """Finds the runs under ``paths`` and plots them.
 
   Returns:
-    ``(png_paths, problems)``, problems as in :func:`jsfl.report.build_report`.
+    ``(png_paths, problems)``, problems as in :func:`jsfl.report.build_report`
+    (``strict_by`` too: a ``by`` field no run has raises
+    :class:`jsfl.report.rows.UnknownField`).
   """
-  groups, problems = report.load_groups(paths, by)
+  groups, problems = report.load_groups(paths, by, strict_by)
   return plot_groups(groups, out_dir, last), problems
 
 

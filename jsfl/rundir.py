@@ -114,14 +114,14 @@ def check_target(out_dir: str, name: str, exact: str = "") -> None:
                         "new or empty directory")
     check_parent(exact, "run.dir")
     return
-  if any(sep in name for sep in (os.sep, os.altsep) if sep) or name in (".", ".."):
-    raise RunDirError(f"run.name={name!r} is not a directory name; allowed: a name "
-                      "without '/' (the run directory is run.out_dir/NAME-TIMESTAMP; "
+  if not name or any(sep in name for sep in (os.sep, os.altsep) if sep) or name in (".", ".."):
+    raise RunDirError(f"run.name={name!r} is not a directory name; allowed: a non-empty "
+                      "name without '/' (the run directory is run.out_dir/NAME-TIMESTAMP; "
                       "run.out_dir names the parent)")
   if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
     raise RunDirError(f"run.out_dir={out_dir!r} exists and is not a directory; allowed: "
                       "a directory (created if missing)")
-  check_parent(os.path.join(out_dir, name or "run"), "run.out_dir")
+  check_parent(out_dir, "run.out_dir")
 
 
 def existing_ancestor(path: str) -> str:
@@ -133,13 +133,16 @@ def existing_ancestor(path: str) -> str:
 
 
 def unmakeable(path: str) -> str | None:
-  """Why ``path`` could not be made (its nearest existing ancestor is not a
-  directory, or not writable), or None; creates nothing."""
-  parent = existing_ancestor(os.path.dirname(os.path.abspath(path)))
-  if not os.path.isdir(parent):
-    return f"{parent!r} is not a directory"
-  if not os.access(parent, os.W_OK | os.X_OK):
-    return f"{parent!r} is not writable"
+  """Why files could not be written at ``path`` (an existing directory that
+  is not writable; or, for a path still to be made, its nearest existing
+  ancestor is not a directory, or not writable), or None; creates nothing."""
+  target = os.path.abspath(path)
+  if not os.path.isdir(target):
+    target = existing_ancestor(os.path.dirname(target))
+    if not os.path.isdir(target):
+      return f"{target!r} is not a directory"
+  if not os.access(target, os.W_OK | os.X_OK):
+    return f"{target!r} is not writable"
   return None
 
 
@@ -148,8 +151,9 @@ def check_parent(path: str, key: str, error=RunDirError) -> None:
   (so ``path`` can be made); raises ``error`` naming ``key=path`` otherwise."""
   why = unmakeable(path)
   if why is not None:
-    kind = "writable " if why.endswith("writable") else ""
-    raise error(f"{key}={path!r}: {why}; allowed: a path under a {kind}directory")
+    allowed = ("a writable directory, or a path to make under one" if why.endswith("writable")
+               else "a path under a directory")
+    raise error(f"{key}={path!r}: {why}; allowed: {allowed}")
 
 
 def listing(path: str) -> list[str]:

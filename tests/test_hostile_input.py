@@ -253,7 +253,21 @@ CASES = [
     ("sweep_cell_dir_not_a_run", ["sweep", "{sweep_alien.toml}"], "notes.txt"),
     ("sweep_cell_dir_is_file", ["sweep", "{sweep_cellfile.toml}"],
      "run.rounds=1' exists and is not a directory"),
+    # 6b. model options of the wrong type, an empty run name, an existing
+    # output directory nothing can be written in (/proc/self: not even root)
+    ("model_option_list", ["run", *SYN, "model.width=[4, 8]"], "model.width=[4, 8] (list)"),
+    ("model_option_float_for_int", ["run", *SYN, "model.hidden=1.5"], "model.hidden=1.5"),
+    ("run_name_empty", ["run", *SYN, "run.name="], "run.name=''"),
+    ("run_out_dir_unwritable", ["run", *SYN, "run.out_dir=/proc/self"], "is not writable"),
+    ("report_out_unwritable", ["report", "{adir}", "--out", "/proc/self"], "is not writable"),
+    ("plot_out_unwritable", ["plot", "{adir}", "--out", "/proc/self"], "is not writable"),
+    ("sweep_out_dir_unwritable", ["sweep", "{sweep.toml}", "--out-dir", "/proc/self"],
+     "is not writable"),
+    ("plot_a_file", ["plot", "{afile}"], "afile' is not a directory"),
     # 7. the command line itself (argparse's errors, in the same one line)
+    ("run_process_id_alone", ["run", *SYN, "--process-id", "3"],
+     "--process-id without --distributed"),
+    ("sweep_shard_negative", ["sweep", "{sweep.toml}", "--shard", "-1/2"], "--shard='-1/2'"),
     ("flag_bad_int", ["report", "{adir}", "--last", "abc"], "--last: invalid int value: 'abc'"),
     ("flag_unknown", ["run", *SYN, "--bogus"], "--bogus; see jsfl run --help"),
     ("flag_missing_value", ["landscape", "{adir}", "--grid"], "--grid"),
@@ -306,7 +320,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(argv, needle, inputs, t
 ALLOWED_FORM = ["override_malformed", "override_no_section", "override_empty_section",
                 "override_no_equals", "data_dir_missing", "data_dir_is_file",
                 "partition_data_missing", "partition_data_is_file", "unknown_section",
-                "model_option_unknown"]
+                "model_option_unknown", "model_option_list", "run_out_dir_unwritable",
+                "run_process_id_alone", "sweep_shard_negative"]
 
 
 @pytest.mark.parametrize("case", ALLOWED_FORM)
@@ -356,6 +371,18 @@ def test_a_bug_keeps_its_traceback_and_says_it_is_one(monkeypatch, tmp_path, cap
   with pytest.raises(KeyError, match="internal"):  # the traceback follows, as Python prints it
     cli.main(["run", "run.rounds=1"])
   assert "this is a bug in jsfl" in capsys.readouterr().err
+
+
+def test_a_type_error_inside_a_model_is_a_bug_not_a_config_error(monkeypatch, tmp_path):
+  from jsfl.models import base
+
+  def broken(input_shape, num_classes, **options):
+    raise TypeError("internal")
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setitem(base._REGISTRY, "small_cnn", broken)
+  monkeypatch.setattr(base, "_CACHE", {})  # built models are kept by name
+  with pytest.raises(TypeError, match="internal"):
+    cli.main(["run", *SYN])
 
 
 def test_a_bug_in_the_real_process_shows_the_traceback_after_the_line(tmp_path):

@@ -198,7 +198,7 @@ def test_bfloat16_runs_are_their_own_rows(tmp_path):
       [("-", 4), ("bfloat16", 2)]
 
 
-def test_varying_fields_become_columns_partition_options_beside_partition(tmp_path):
+def test_varying_fields_become_columns_partition_options_beside_partition(tmp_path, capsys):
   write_run(tmp_path / "r1", {"method.order": "random", "partition.p": 0.6})
   write_run(tmp_path / "r2", {"method.order": "cyclic", "partition.p": 0.8})
   write_run(tmp_path / "r3", {"method.name": "hydra", "method.groups": 2})
@@ -225,9 +225,22 @@ def test_varying_fields_become_columns_partition_options_beside_partition(tmp_pa
   rep = report.build_report([str(tmp_path)], by=["method.name", "method.groups"])
   assert rep.fixed == [] and "| method | groups | seeds |" in report.to_markdown(rep)
   assert [r.group.label for r in rep.rows] == ["sfl", "hydra, groups=2"]
+  # a sweep's field whose cells have not started is a note; a command line's
+  # (strict_by) is a typo: one line, exit 2, nothing written
   rep = report.build_report([str(tmp_path)], by=["method.nmae"])
   assert rep.problems == [("--by method.nmae: no run has this config field (allowed: "
                            "section.key, e.g. method.name)")]
+  with pytest.raises(report.UnknownField, match="--by method.nmae: .*; allowed: "):
+    report.build_report([str(tmp_path)], by=["method.nmae"], strict_by=True)
+  before = sorted(os.listdir(tmp_path))
+  for argv in (["report", str(tmp_path), "--by", "method.nmae", "--out", str(tmp_path / "o")],
+               ["plot", str(tmp_path), "--by", "method.nmae"]):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["jsfl: error: --by method.nmae: no run has this config "
+                                "field; allowed: a section.key of the runs' config, e.g. "
+                                "method.name"], err
+  assert sorted(os.listdir(tmp_path)) == before
 
 
 def test_partition_seed_is_never_titled_as_the_runs_seed():

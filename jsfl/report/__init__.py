@@ -50,6 +50,7 @@ from jsfl.report.rows import (
   TABLE_METRICS,
   Report,
   Row,
+  UnknownField,
   attach_reference,
   build_report,
   find_row,
@@ -61,7 +62,8 @@ from jsfl.report.rows import (
 
 __all__ = [
   "IGNORED_FIELDS", "IGNORED_SECTIONS", "MISSING", "REFERENCE_VALUES", "TABLE_METRICS",
-  "Group", "Report", "Row", "attach_reference", "build_report", "find_row", "flat_config",
+  "Group", "Report", "Row", "UnknownField", "attach_reference", "build_report", "find_row",
+  "flat_config",
   "format_bytes", "group_runs", "load_groups", "method_options", "paired_difference",
   "per_position_figures",
   "read_reference", "short_names", "summary_table", "to_markdown", "write_csv",

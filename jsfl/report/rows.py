@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from jsfl.errors import UserError
 from jsfl.reading import Run, find_run_dirs, is_number, load_runs
 from jsfl.report.groups import Group, flat_config, group_runs, method_options
 from jsfl.statistics import (
@@ -254,8 +255,14 @@ def _row(group: Group, last: int, best_ma: int = 0) -> Row:
              per_seed)
 
 
-def _load(paths: Sequence[str], by: Sequence[str] | None) -> tuple[list[Run], list[str]]:
-  """The runs under ``paths`` that have records, and every problem met."""
+class UnknownField(UserError, ValueError):
+  """A grouping field that no run's config has (a typo, most likely)."""
+
+
+def _load(paths: Sequence[str], by: Sequence[str] | None,
+          strict_by: bool = False) -> tuple[list[Run], list[str]]:
+  """The runs under ``paths`` that have records, and every problem met (with
+  ``strict_by``, a ``by`` field no run has raises :class:`UnknownField`)."""
   dirs, problems = find_run_dirs(paths)
   runs = [r for d in dirs for r in load_runs(d)]
   for r in runs:
@@ -263,14 +270,19 @@ def _load(paths: Sequence[str], by: Sequence[str] | None) -> tuple[list[Run], li
   runs = [r for r in runs if r.records]
   if runs and by:
     known = set().union(*(flat_config(r) for r in runs))
+    unknown = [k for k in by if k not in known]
+    if unknown and strict_by:
+      raise UnknownField(f"--by {unknown[0]}: no run has this config field; allowed: a "
+                       "section.key of the runs' config, e.g. method.name")
     problems += [f"--by {k}: no run has this config field (allowed: section.key, "
-                 "e.g. method.name)" for k in by if k not in known]
+                 "e.g. method.name)" for k in unknown]
   return runs, problems
 
 
 def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
                  last: int = 5, paired_with: str | None = None,
-                 best_ma: int = 0, reference: str | None = None) -> Report:
+                 best_ma: int = 0, reference: str | None = None,
+                 strict_by: bool = False) -> Report:
   """Finds, reads, groups and summarises the runs under ``paths``.
 
   Args:
@@ -284,15 +296,19 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
       seeds (:func:`jsfl.statistics.best_moving_average`).
     reference: a reference CSV (:func:`read_reference`): the paper's figure
       of every row, shown beside jsfl's.
+    strict_by: a ``by`` field that no run has raises (a typo on the command
+      line) rather than being noted among the problems (a sweep's field
+      whose cells have not started yet).
 
   Returns:
     The report; ``rows`` is empty when no run has a usable record.
 
   Raises:
-    ValueError: when ``paired_with`` names no row, or several; a bad
+    ValueError: when ``paired_with`` names no row, or several; under
+      ``strict_by``, a ``by`` field no run has; a bad
       reference CSV; a ``last`` below 1 (:func:`jsfl.statistics.per_seed_figures`).
   """
-  runs, problems = _load(paths, by)
+  runs, problems = _load(paths, by, strict_by)
   if not runs:
     return Report([], [], {}, problems, last)
   groups, columns, shared = group_runs(runs, by)
@@ -308,8 +324,9 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
   return rep
 
 
-def load_groups(paths: Sequence[str], by: Sequence[str] | None = None
-                ) -> tuple[list[Group], list[str]]:
-  """Runs under ``paths`` that have records, grouped; plus the problems met."""
-  runs, problems = _load(paths, by)
+def load_groups(paths: Sequence[str], by: Sequence[str] | None = None,
+                strict_by: bool = False) -> tuple[list[Group], list[str]]:
+  """Runs under ``paths`` that have records, grouped; plus the problems met
+  (``strict_by`` as :func:`build_report`'s)."""
+  runs, problems = _load(paths, by, strict_by)
   return (group_runs(runs, by)[0] if runs else []), problems

@@ -113,7 +113,7 @@ def check_dirs(sweep, programs: list[Unit], writing: bool = True) -> None:
   if os.path.lexists(root) and not os.path.isdir(root):
     raise SweepError(f"{key} {root!r} exists and is not a directory; allowed: a "
                      "directory, made if missing ([sweep] out_dir or --out-dir)")
-  if writing and not os.path.isdir(root):
+  if writing:
     rundir.check_parent(root, key, error=SweepError)
   elif not os.path.isdir(above := rundir.existing_ancestor(root)):  # a plan under a file
     raise SweepError(f"{key} {root!r}: {above!r} is not a directory; allowed: a path "

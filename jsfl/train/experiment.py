@@ -240,14 +240,18 @@ def build_model(cfg: dict, input_shape, num_classes: int):
   model_opts["conv_impl"] = layers.default_conv_impl() if m.conv_impl == "auto" else m.conv_impl
   model_opts["depthwise_impl"] = (layers.default_depthwise_impl()
                                   if m.depthwise_impl == "auto" else m.depthwise_impl)
+  _check_model_option_types(m.name, m.extra)
   try:
     model = get_model(m.name, input_shape, num_classes, init=m.init,
                       eval_conv_impl=m.eval_conv_impl, im2col_grad=m.im2col_grad,
                       im2col_narrow=m.im2col_narrow,
                       padding=m.padding,
                       precision=c.exec.precision, **model_opts)
-  except TypeError as e:
-    raise config_lib.ConfigError(_model_options_error(m.name, model_opts, e)) from None
+  except TypeError:
+    unknown = _unknown_model_option(m.name, model_opts)
+    if unknown is None:
+      raise  # not the config's: a bug keeps its traceback
+    raise config_lib.ConfigError(unknown) from None
   except ValueError as e:
     raise options_error("model", e) from None
   cut = model.default_cut if m.cut == -1 else m.cut
@@ -291,18 +295,47 @@ def setup_from(raw: dict, input_shape, num_classes: int, max_size: int) -> Setup
   return make_setup(cfg, model, cut, max_size)
 
 
-def _model_options_error(name: str, given: dict, err: Exception) -> str:
-  """A model option the factory does not take, with the ones it does."""
+def _check_model_option_types(name: str, given: dict) -> None:
+  """A model option given in the config has the type of the factory's
+  default for it (an int where a float is, too): so a wrong type is named
+  here, not as an error from deep inside the model's code.
+
+  Raises:
+    ConfigError: naming the option, its value and the type allowed.
+  """
+  try:
+    params = inspect.signature(model_factory(name)).parameters
+  except KeyError:
+    return  # an unknown model name: get_model names it
+  for key, value in given.items():
+    p = params.get(key)
+    if p is None or p.default is inspect.Parameter.empty or p.default is None:
+      continue
+    kind = type(p.default)
+    ok = (isinstance(value, bool) if kind is bool else
+          not isinstance(value, bool) and isinstance(value, (int, float) if kind is float
+                                                     else kind))
+    if not ok:
+      what = {bool: "true or false", int: "an int", float: "a number",
+              str: "a string"}.get(kind, kind.__name__)
+      raise config_lib.ConfigError(
+          f"model.{key}={value!r} ({type(value).__name__}); allowed: {what} "
+          f"(model {name!r} defaults to {p.default!r})")
+
+
+def _unknown_model_option(name: str, given: dict) -> str | None:
+  """A model option the factory does not take, with the ones it does (None:
+  every option given is one it takes)."""
   try:
     params = inspect.signature(model_factory(name)).parameters
   except (KeyError, TypeError, ValueError):
-    return f"[model] {err}"
+    return None
   fixed = {"input_shape", "num_classes"}
   known = sorted(k for k, p in params.items() if k not in fixed
                  and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
   bad = [k for k in given if k not in params]
   if not bad or any(p.kind == p.VAR_KEYWORD for p in params.values()):
-    return f"[model] {err}"
+    return None
   return (f"unknown config key 'model.{bad[0]}' for model {name!r}; allowed: "
           + ", ".join(sorted(set(known) | {"name", "cut", "norm", "conv_impl",
                                             "eval_conv_impl", "depthwise_impl", "init",
