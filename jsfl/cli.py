@@ -446,11 +446,17 @@ def cmd_plot(args) -> int:
   if args.last < 1:
     return _fail(f"--last={args.last}; allowed: an int >= 1")
   by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
-  if not args.out and len(args.paths) == 1 and not os.path.isdir(args.paths[0]):
-    return _fail(f"{args.paths[0]!r} is not a directory; allowed: run directories, or "
-                 "directories holding them")
-  out = args.out or (os.path.join(args.paths[0], "plots") if len(args.paths) == 1
-                     else "plots")
+  out = args.out
+  if not out and len(args.paths) == 1:  # beside the one run or tree plotted
+    from jsfl.reading import METRICS_FILES
+    path = args.paths[0]
+    if os.path.isfile(path) and os.path.basename(path) in METRICS_FILES:
+      path = os.path.dirname(path) or "."
+    elif not os.path.isdir(path):
+      return _fail(f"{path!r} is neither a directory nor a metrics file; allowed: run "
+                   "directories, directories holding them, or a run's metrics.jsonl")
+    out = os.path.join(path, "plots")
+  out = out or "plots"
   _check_out_dir(out, "--out")
   try:
     pngs, problems = plots.plot_runs(args.paths, out, by=by, last=args.last, strict_by=True)

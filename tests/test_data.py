@@ -141,9 +141,11 @@ def test_missing_everywhere_names_three_fixes(small_fmnist):
     data.load_dataset("fashion_mnist", download=False)
   msg = str(e.value)
   assert isinstance(e.value, FileNotFoundError)
-  assert "data_dir=" in msg
+  assert "dataset.data_dir=DIR" in msg  # the config's spelling, then Python's
   assert "apt-get install dataset-fashion-mnist" in msg
-  assert "download=True" in msg and str(cache) in msg
+  assert "dataset.download = true" in msg and str(cache) in msg
+  # Debian installs where Debian does, whatever $JSFL_SYSTEM_DATA reads
+  assert f"installs into {data.idx.SYSTEM_DATA_ROOT}/fashion-mnist" in msg
 
 
 def test_explicit_data_dir_missing_files_is_an_error(small_fmnist, tmp_path):

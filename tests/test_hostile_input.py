@@ -263,7 +263,7 @@ CASES = [
     ("plot_out_unwritable", ["plot", "{adir}", "--out", "/proc/self"], "is not writable"),
     ("sweep_out_dir_unwritable", ["sweep", "{sweep.toml}", "--out-dir", "/proc/self"],
      "is not writable"),
-    ("plot_a_file", ["plot", "{afile}"], "afile' is not a directory"),
+    ("plot_a_file", ["plot", "{afile}"], "afile' is neither a directory nor a metrics file"),
     # 7. the command line itself (argparse's errors, in the same one line)
     ("run_process_id_alone", ["run", *SYN, "--process-id", "3"],
      "--process-id without --distributed"),

@@ -1,6 +1,7 @@
 """``jsfl plot``: every plot is written, non-empty, of its fixed size."""
 
 import os
+import shutil
 import struct
 import sys
 
@@ -83,6 +84,10 @@ def test_cli_plot_defaults_to_run_dir_plots(tmp_path, capsys):
   out = capsys.readouterr().out.split()
   assert out[0] == os.path.join(run, "plots", "curves.png")
   assert all(os.path.exists(p) for p in out)
+  # a run's metrics file stands for its directory, as in jsfl report
+  shutil.rmtree(os.path.join(run, "plots"))
+  assert cli.main(["plot", os.path.join(run, "metrics.jsonl")]) == 0
+  assert capsys.readouterr().out.split() == out
 
 
 def test_cli_plot_without_runs_is_an_error(tmp_path, capsys):

@@ -590,3 +590,16 @@ def test_collapsed_seeds_are_named_from_the_round_they_stay_collapsed(tmp_path):
   assert [r["collapsed_from"] for r in rows] == ["4", ""]
   plain = report.build_report([write_run(tmp_path / "plain")])
   assert "Collapsed" not in report.to_markdown(plain)
+
+
+def test_a_config_field_never_takes_a_title_the_table_uses(tmp_path):
+  """The table's "rounds" is the last evaluated round: runs that differ in
+  run.rounds show that field under its full name."""
+  write_run(tmp_path / "a", {"run.rounds": 7})
+  write_run(tmp_path / "b", {"run.rounds": 9})
+  head = next(line for line in report.to_markdown(
+      report.build_report([str(tmp_path)])).splitlines() if line.startswith("| "))
+  titles = [t.strip() for t in head.strip("|").split("|")]
+  assert titles[titles.index("seeds") - 1:titles.index("seeds") + 2] == [
+      "run.rounds", "seeds", "rounds"]
+  assert len(titles) == len(set(titles))

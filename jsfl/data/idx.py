@@ -289,8 +289,8 @@ def _remedy(source: IdxSource, where: str) -> str:
               f"{source.apt_package}`)")
     return "replace it with an intact copy"
   if where == "cache":
-    return ("delete it from the cache (it is downloaded again when "
-            "download=True) or replace it with an intact copy")
+    return ("delete it from the cache (it is downloaded again while online, under "
+            "dataset.download = true) or replace it with an intact copy")
   return "replace it with an intact copy"
 
 
@@ -298,14 +298,17 @@ def _fixes(source: IdxSource, cache: pathlib.Path) -> str:
   """What is allowed instead, as the ``...; allowed: ...`` tail of an error."""
   system = system_data_root() / source.debian_name
   if source.apt_package:
-    sys_fix = (f"`apt-get install {source.apt_package}` (installs into "
-               f"{system})")
+    debian = pathlib.Path(SYSTEM_DATA_ROOT) / source.debian_name
+    sys_fix = (f"`apt-get install {source.apt_package}` (installs into {debian}"
+               + ("" if system == debian else
+                  f"; $JSFL_SYSTEM_DATA has jsfl read {system} instead") + ")")
   else:
     sys_fix = f"the files in {system}"
   files = ", ".join(f"{s}[.gz]" for s in IDX_FILES.values())
-  return (f"allowed: data_dir=... naming a directory holding {files}; or "
-          f"{sys_fix}; or download=True (online), or the files in the cache dir "
-          f"{cache} (cache_dir=... or $JSFL_DATA sets its root)")
+  return (f"allowed: dataset.data_dir=DIR (data_dir= in Python) naming a directory "
+          f"holding {files}; or {sys_fix}; or dataset.download = true (download=True, "
+          f"the default) while online; or the files in the cache dir {cache} "
+          f"($JSFL_DATA, or cache_dir= in Python, sets its root)")
 
 
 def _download(source: IdxSource, cache: pathlib.Path, timeout: float,

@@ -106,10 +106,10 @@ def _from_npz(path: pathlib.Path, name: str, label_mode: str
 
 def _fixes(name: str, npz: pathlib.Path) -> str:
   """What is allowed instead, as the ``...; allowed: ...`` tail of an error."""
-  return (f"allowed: data_dir=... naming a directory holding {name}.npz (arrays "
-          f"x_train, y_train, x_test, y_test) or a tensorflow-datasets data dir; or "
-          f"{name}.npz at {npz}; or `pip install 'jsfl[tfds]'` and download=True "
-          f"(online)")
+  return (f"allowed: dataset.data_dir=DIR (data_dir= in Python) naming a directory "
+          f"holding {name}.npz (arrays x_train, y_train, x_test, y_test) or a "
+          f"tensorflow-datasets data dir; or {name}.npz at {npz}; or `pip install "
+          f"'jsfl[tfds]'` and dataset.download = true (download=True) while online")
 
 
 def load_tfds_dataset(name: str, *, data_dir=None, cache_dir=None,

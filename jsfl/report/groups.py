@@ -76,15 +76,18 @@ def flat_config(run: Run) -> dict[str, Any]:
 QUALIFIED = ("seed",)
 
 
-def short_names(keys: Sequence[str]) -> dict[str, str]:
-  """Column titles: ``method.name -> method``, ``partition.p -> p`` where unique."""
+def short_names(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
+  """Column titles: ``method.name -> method``, ``partition.p -> p`` where unique
+  among ``keys`` and not one of the table's own columns (``taken``: a table's
+  "rounds" is the last evaluated round, so run.rounds keeps its section)."""
   def short(k):
     section, _, field = k.partition(".")
     if field in QUALIFIED:
       return k
     return section if field == "name" else field
   shorts = [short(k) for k in keys]
-  return {k: (s if shorts.count(s) == 1 else k) for k, s in zip(keys, shorts, strict=True)}
+  return {k: (s if shorts.count(s) == 1 and s not in taken else k)
+          for k, s in zip(keys, shorts, strict=True)}
 
 
 @dataclasses.dataclass
