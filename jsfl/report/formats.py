@@ -89,9 +89,9 @@ def to_markdown(rep: Report, title: str = "jsfl report") -> str:
           f"{m}: " + ", ".join(f"{names[k]}={_fmt_value(v)}" for k, v in own.items())
           for m, own in by_method.items()) + ".", ""]
     shown = [c for c in rep.columns if c not in rep.fixed]
-    own = ["seeds", "rounds"] + [t for _, t in TABLE_METRICS] + ["communication"]
-    names = short_names(shown, taken=own)
-    head = [names[c] for c in shown] + own
+    figures = ["seeds", "rounds"] + [t for _, t in TABLE_METRICS] + ["communication"]
+    names = short_names(shown, taken=figures)
+    head = [names[c] for c in shown] + figures
     if rep.best_ma:
       head.append(f"accuracy, best {rep.best_ma}-round MA")
     if rep.paired is not None:
