@@ -44,6 +44,39 @@ def test_grad_norms_counts_the_steps_a_bound_would_clip(tmp_path):
   assert res["machine"]["backend"] == "cpu"
 
 
+def test_a_branch_without_changes_retrains_the_rounds_the_run_trained(tmp_path):
+  """branch.py: a run branched at its round-2 checkpoint with no value changed
+  retrains rounds 3-4 to the very records the run wrote (the keys are the
+  seed's and round's), and compare reads the branch seed by seed."""
+  run, branch = str(tmp_path / "run"), str(tmp_path / "branch")
+  jsfl = [sys.executable, "-m", "jsfl", "run"]
+  p = subprocess.run([*jsfl, *SYN, "method.name=fedseq", "run.rounds=4", "run.seeds=2",
+                      "run.checkpoint_every=2", "exec.progress=false", f"run.dir={run}"],
+                     capture_output=True, text=True, cwd=tmp_path, check=False)
+  assert p.returncode == 0, p.stderr[-2000:]
+  script = os.path.join(SEQ, "branch.py")
+  p = subprocess.run([sys.executable, script, "make", run, branch, "--at", "2",
+                      "--rounds", "4", "run.eval_every=1"],
+                     capture_output=True, text=True, check=False)
+  assert p.returncode == 0, p.stderr
+  p = subprocess.run([*jsfl[:-1], "run", "--resume", branch], capture_output=True, text=True,
+                     cwd=tmp_path, check=False)
+  assert p.returncode == 0, p.stderr[-2000:]
+
+  def records(d):
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+      return [{k: v for k, v in json.loads(line).items() if k != "wall_s"} for line in f]
+  assert records(branch) == records(run) and len(records(run)) == 8
+  p = subprocess.run([sys.executable, script, "compare", branch, run, "--from", "2"],
+                     capture_output=True, text=True, check=False)
+  assert p.returncode == 0, p.stderr
+  assert "rounds 3-4, per seed: +0.0 +0.0; behind in 0 of 2, median +0.00" in p.stdout
+  p = subprocess.run([sys.executable, script, "make", run, str(tmp_path / "b2"), "--at", "3"],
+                     capture_output=True, text=True, check=False)
+  assert p.returncode == 2 and "no checkpoint of round 3" in p.stderr
+  assert not os.path.exists(tmp_path / "b2")
+
+
 def _scripts():
   """Every measuring script of benchmarks/ and experiments/ (not the
   authors' adapted code, which imports no jsfl)."""
