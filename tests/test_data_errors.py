@@ -232,6 +232,18 @@ def test_cifar100_npz_with_labels_out_of_range(tmp_path, monkeypatch):
     data.load_dataset("cifar100", data_dir=tmp_path, label_mode="coarse")
 
 
+def test_channels_first_npz_is_refused_not_read_as_32_channels(tmp_path, monkeypatch):
+  """torchvision's SVHN.data is (N, 3, 32, 32): saved as is it would load as
+  3x32 images of 32 channels."""
+  monkeypatch.setenv("JSFL_DATA", str(tmp_path / "cache"))
+  np.savez(tmp_path / "svhn.npz", x_train=np.zeros((2, 3, 32, 32), np.uint8),
+           y_train=np.array([0, 1]), x_test=np.zeros((1, 3, 32, 32), np.uint8),
+           y_test=np.array([1]))
+  with pytest.raises(ValueError, match=r"\[2, 3, 32, 32\] have 32 channels last; allowed: "
+                     r"\(N, H, W, C\) with C = 1 or 3 .*transpose\(0, 2, 3, 1\)"):
+    data.load_dataset("svhn", data_dir=tmp_path)
+
+
 # ------------------------------------------------ 3. input too small for a model
 
 

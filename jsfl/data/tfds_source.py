@@ -53,6 +53,10 @@ def _images(x: np.ndarray, source: str) -> np.ndarray:
   if x.ndim != 4 or x.dtype != np.uint8:
     raise ValueError(f"{source}: images {x.dtype}{list(x.shape)}; allowed: "
                      "uint8 (N, H, W, C) or (N, H, W)")
+  if x.shape[-1] not in (1, 3):  # channels first would load as 32 "channels"
+    raise ValueError(f"{source}: images {list(x.shape)} have {x.shape[-1]} channels last; "
+                     "allowed: (N, H, W, C) with C = 1 or 3 (a channels-first array, as "
+                     "torchvision's SVHN.data: x.transpose(0, 2, 3, 1))")
   return x
 
 
