@@ -352,6 +352,47 @@ def test_cifar10_archive_and_folder(fixtures, cache_root):
   _same(data.load_dataset("cifar10", data_dir=str(path)), expected)
 
 
+class _Python2Pickler(pickle._Pickler):
+  """Pickles as the CIFAR release's Python 2 cPickle wrote them: every str
+  and bytes a Python 2 string (BINSTRING opcodes, no _codecs.encode), numpy
+  arrays rebuilt by numpy.core.multiarray._reconstruct, no protocol-3 opcodes."""
+  dispatch = dict(pickle._Pickler.dispatch)
+
+  def save_py2_string(self, obj):
+    raw = obj.encode("latin-1") if isinstance(obj, str) else obj
+    head = (pickle.SHORT_BINSTRING + bytes([len(raw)]) if len(raw) < 256
+            else pickle.BINSTRING + len(raw).to_bytes(4, "little"))
+    self.write(head + raw)
+
+  def save_global(self, obj, name=None):
+    module = obj.__module__.replace("numpy._core", "numpy.core")
+    self.write(pickle.GLOBAL + f"{module}\n{name or obj.__qualname__}\n".encode())
+
+  dispatch[str] = dispatch[bytes] = save_py2_string
+  dispatch[type] = save_global
+
+
+def test_cifar_batches_pickled_by_python_2_read_as_python_3_ones():
+  """The Toronto files are Python 2 pickles, not what pickle.dumps writes
+  for the other fixtures: the reader takes both the same."""
+  from jsfl.data import formats
+  x = _pixels(7, 32, 32, seed=3)
+  flat = x.transpose(0, 3, 1, 2).reshape(7, 3072)
+  for name, labels in (("cifar10", {"labels": [3, 1, 4, 1, 5, 9, 2]}),
+                       ("cifar100", {"fine_labels": [99, 0, 4, 1, 5, 9, 2],
+                                     "coarse_labels": [int(CIFAR100_COARSE[v])
+                                                       for v in (99, 0, 4, 1, 5, 9, 2)]})):
+    buf = io.BytesIO()
+    _Python2Pickler(buf, protocol=2).dump({"batch_label": "training batch 1 of 5",
+                                           "data": flat, "filenames": ["a.png"] * 7, **labels})
+    blob = buf.getvalue()
+    assert b"numpy.core.multiarray" in blob and b"_codecs" not in blob
+    got = formats._cifar_batch(name, blob, "py2")
+    np.testing.assert_array_equal(got["x"], x)
+    for k, v in labels.items():
+      np.testing.assert_array_equal(got[k], v)
+
+
 def test_cifar100_fine_and_coarse(fixtures, cache_root):
   path, expected = fixtures["cifar100"]
   fine = data.load_dataset("cifar100", path=str(path))
