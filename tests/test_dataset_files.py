@@ -288,7 +288,8 @@ def write_ham10000(root: pathlib.Path, damage=None) -> dict:
   if damage == "truncated":
     f = sorted((root / "HAM10000_images_part_1").iterdir())[2]
     f.write_bytes(f.read_bytes()[:200])
-  (root / "HAM10000_metadata.csv").write_text("\n".join(rows) + "\n")
+  bom = "\ufeff" if damage == "bom" else ""  # as a spreadsheet saves UTF-8 CSV
+  (root / "HAM10000_metadata.csv").write_text(bom + "\n".join(rows) + "\n", encoding="utf-8")
   return {"x": np.stack(xs), "y": np.array(ys), "lesion": np.array(lesions)}
 
 
@@ -481,6 +482,14 @@ def test_ham10000_resized_and_split_by_lesion(fixtures, cache_root):
   assert 6 <= len(test) <= 8
   default = data.load_dataset("ham10000", path=str(path / "HAM10000_metadata.csv"))
   assert default.input_shape == (64, 64, 3) and len(default.y_test) in (2, 3)
+
+
+def test_ham10000_metadata_saved_with_a_byte_order_mark(tmp_path, cache_root):
+  expected = write_ham10000(tmp_path / "ham", damage="bom")
+  assert (tmp_path / "ham" / "HAM10000_metadata.csv").read_bytes()[:3] == b"\xef\xbb\xbf"
+  ds = data.load_dataset("ham10000", path=str(tmp_path / "ham"), image_size=16,
+                         test_fraction=0.3)
+  assert sorted(np.concatenate([ds.y_train, ds.y_test])) == sorted(expected["y"])
 
 
 def test_normalisation_and_subset_as_for_fashion_mnist(fixtures, cache_root):

@@ -114,7 +114,7 @@ def _read_text(path: pathlib.Path, expected: str) -> str:
   if not path.is_file():
     raise missing(path, expected)
   try:
-    return path.read_text(encoding="utf-8")
+    return path.read_text(encoding="utf-8-sig")  # a spreadsheet's byte-order mark too
   except OSError as e:
     raise bad(path, f"cannot be read ({e.strerror or e})", expected) from None
   except UnicodeDecodeError:
