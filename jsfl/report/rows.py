@@ -272,8 +272,8 @@ def _load(paths: Sequence[str], by: Sequence[str] | None,
     known = set().union(*(flat_config(r) for r in runs))
     unknown = [k for k in by if k not in known]
     if unknown and strict_by:
-      raise UnknownField(f"--by {unknown[0]}: no run has this config field; allowed: a "
-                       "section.key of the runs' config, e.g. method.name")
+      raise UnknownField(f"--by {unknown[0]}: no run has this config field; allowed: "
+                         "a section.key of the runs' config, e.g. method.name")
     problems += [f"--by {k}: no run has this config field (allowed: section.key, "
                  "e.g. method.name)" for k in unknown]
   return runs, problems
