@@ -448,11 +448,9 @@ def cmd_plot(args) -> int:
   by = [k.strip() for k in args.by.split(",") if k.strip()] if args.by else None
   out = args.out
   if not out and len(args.paths) == 1:  # beside the one run or tree plotted
-    from jsfl.reading import METRICS_FILES
-    path = args.paths[0]
-    if os.path.isfile(path) and os.path.basename(path) in METRICS_FILES:
-      path = os.path.dirname(path) or "."
-    elif not os.path.isdir(path):
+    from jsfl.reading import metrics_file_dir
+    path = metrics_file_dir(args.paths[0]) or args.paths[0]
+    if not os.path.isdir(path):
       return _fail(f"{path!r} is neither a directory nor a metrics file; allowed: run "
                    "directories, directories holding them, or a run's metrics.jsonl")
     out = os.path.join(path, "plots")

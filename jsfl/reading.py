@@ -219,6 +219,14 @@ METRICS_FILES = ("metrics.jsonl", "metrics.jsonl" + ARCHIVED)
 RUN_MARKERS = (*METRICS_FILES, "config.json")
 
 
+def metrics_file_dir(path: str) -> str | None:
+  """The run directory a path to a run's metrics file stands for (None: the
+  path is no metrics file)."""
+  if os.path.isfile(path) and os.path.basename(path) in METRICS_FILES:
+    return os.path.dirname(path) or "."
+  return None
+
+
 def find_run_dirs(paths: Iterable[str]) -> tuple[list[str], list[str]]:
   """Run directories named by ``paths``, searching trees where needed.
 
@@ -242,8 +250,8 @@ def find_run_dirs(paths: Iterable[str]) -> tuple[list[str], list[str]]:
       found.append(d)
 
   for p in paths:
-    if os.path.isfile(p) and os.path.basename(p) in METRICS_FILES:
-      add(os.path.dirname(p) or ".")
+    if (d := metrics_file_dir(p)) is not None:
+      add(d)
       continue
     if not os.path.isdir(p):
       problems.append(f"{p}: no such directory")

@@ -295,6 +295,15 @@ def setup_from(raw: dict, input_shape, num_classes: int, max_size: int) -> Setup
   return make_setup(cfg, model, cut, max_size)
 
 
+def _factory_params(name: str):
+  """The registered model factory's parameters (its options), or None for a
+  name or factory without a readable signature."""
+  try:
+    return inspect.signature(model_factory(name)).parameters
+  except (KeyError, TypeError, ValueError):
+    return None
+
+
 def _check_model_option_types(name: str, given: dict) -> None:
   """A model option given in the config has the type of the factory's
   default for it (an int where a float is, too): so a wrong type is named
@@ -303,9 +312,8 @@ def _check_model_option_types(name: str, given: dict) -> None:
   Raises:
     ConfigError: naming the option, its value and the type allowed.
   """
-  try:
-    params = inspect.signature(model_factory(name)).parameters
-  except KeyError:
+  params = _factory_params(name)
+  if params is None:
     return  # an unknown model name: get_model names it
   for key, value in given.items():
     p = params.get(key)
@@ -326,9 +334,8 @@ def _check_model_option_types(name: str, given: dict) -> None:
 def _unknown_model_option(name: str, given: dict) -> str | None:
   """A model option the factory does not take, with the ones it does (None:
   every option given is one it takes)."""
-  try:
-    params = inspect.signature(model_factory(name)).parameters
-  except (KeyError, TypeError, ValueError):
+  params = _factory_params(name)
+  if params is None:
     return None
   fixed = {"input_shape", "num_classes"}
   known = sorted(k for k, p in params.items() if k not in fixed
