@@ -1,7 +1,7 @@
 """The sequential round: FedSeq and every method that is FedSeq with hooks.
 
-Sequential FL (Li & Lyu, "Sharper Convergence Guarantees for Federated
-Learning with Sequential Training", ICLR 2024; docs/methods-sequential.md):
+Sequential FL (Li & Lyu, "Convergence Analysis of Sequential Federated
+Learning on Heterogeneous Data", NeurIPS 2023; docs/methods-sequential.md):
 each round puts its n participants in a sequence; client m starts from
 client m-1's model and runs ``local_epochs`` epochs of SGD on its data; the
 last client's model is the global model.  The round is one program: a

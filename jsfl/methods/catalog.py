@@ -173,7 +173,7 @@ METHODS: dict[str, Entry] = {
     }),
     'sfl_fedexp': Entry('jsfl.methods.sfl_fedexp', {
         'eps': Option(float, 0.001, "FedExp's eps in the step-size denominator", None, '(0, inf)', True),
-        'weights': Option(str, 'uniform', "client weights a_i: uniform 1/M (FedExp) or by sample count (SFL's)", ('uniform', 'samples'), None, False),
+        'weights': Option(str, 'uniform', "client weights a_i: uniform 1/M (the FedExp paper's) or by sample count (SFL's and the FedExp code's)", ('uniform', 'samples'), None, False),
         'eps_form': Option(str, 'paper', "the denominator's eps: paper = eps; authors = the FedExp code's M eps (lr_t / lr)^2, M participants, lr_t the round's decayed learning rate", ('paper', 'authors'), None, False),
         'evaluate': Option(str, 'last', "the model evaluated and output: last = the last global model; last_two = part-1 the mean of the last two (the FedExp paper's and code's evaluation)", ('last', 'last_two'), None, False),
     }),

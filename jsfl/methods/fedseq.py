@@ -1,5 +1,5 @@
-"""FedSeq: sequential FL (Li & Lyu, "Sharper Convergence Guarantees for
-Federated Learning with Sequential Training", ICLR 2024), the SFL baseline of
+"""FedSeq: sequential FL (Li & Lyu, "Convergence Analysis of Sequential
+Federated Learning on Heterogeneous Data", NeurIPS 2023), the SFL baseline of
 SFedKD (Xu et al., "SFedKD: Sequential Federated Learning with
 Discrepancy-Aware Multi-Teacher Knowledge Distillation", Sec. 3.1); docs/methods-sequential.md.
 

@@ -11,10 +11,12 @@ portion ``w`` and the participants' trained ones ``w_i``,
 ``D_i = w - w_i``, ``D_bar = sum_i a_i D_i``,
 ``eta_g = max(1, sum_i a_i ||D_i||^2 / (2 (||D_bar||^2 + eps)))`` and
 ``w <- w - eta_g D_bar``, norms over all client-portion parameters.  With the
-default uniform weights ``a_i = 1/M`` this is FedExp's
+default uniform weights ``a_i = 1/M`` this is the FedExp paper's
 ``sum_i ||D_i||^2 / (2 M (||D_bar||^2 + eps))``; ``weights = "samples"``
-uses SFL's sample weights instead (eta_g = 1 is then exactly SFL).  The
-server portion is trained as in SFL.
+uses SFL's sample weights instead (eta_g = 1 is then exactly SFL), which is
+also what the FedExp authors' code does (``main.py`` weights both ``D_bar``
+and the mean of ``||D_i||^2`` by the participants' normalised sample
+counts).  The server portion is trained as in SFL.
 
 Decisions and departures:
 
@@ -86,8 +88,9 @@ def output_model(setup: Setup, state: State):
 class FedExpOptions:
   eps: float = option(1e-3, "FedExp's eps in the step-size denominator", range="(0, inf)",
                       batchable=True)
-  weights: str = option("uniform", "client weights a_i: uniform 1/M (FedExp) or "
-                        "by sample count (SFL's)", choices=FEDEXP_WEIGHTS)
+  weights: str = option("uniform", "client weights a_i: uniform 1/M (the FedExp paper's) "
+                        "or by sample count (SFL's and the FedExp code's)",
+                        choices=FEDEXP_WEIGHTS)
   eps_form: str = option("paper", "the denominator's eps: paper = eps; authors = the "
                          "FedExp code's M eps (lr_t / lr)^2, M participants, lr_t the "
                          "round's decayed learning rate", choices=EPS_FORMS)
