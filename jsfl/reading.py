@@ -176,7 +176,10 @@ def load_run(path: str) -> Run:
   diverged = {(d.get("cell"), d.get("seed")): d.get("round")
               for d in summary.get("diverged") or () if isinstance(d, dict)}
   if diverged:  # a seed's rounds before it diverged are no result of the config
-    records = [r for r in records if (r.get("cell"), r["seed"]) not in diverged]
+    # an entry without a cell is a one-cell run's, whose records may still
+    # carry the cell of the program it was split out of (jsfl sweep)
+    records = [r for r in records if (r.get("cell"), r["seed"]) not in diverged
+               and (None, r["seed"]) not in diverged]
     problems += [f"{path}: seed {s}{f' of cell {c}' if c is not None else ''} diverged at "
                  f"round {r} (summary.json); its records are left out"
                  for (c, s), r in sorted(diverged.items(), key=str)]

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from jsfl import cli, sweep, train
+from jsfl import cli, reading, report, sweep, train
 from jsfl.rundir import read_metrics
 from jsfl.sweep import execute
 from jsfl.train import memory, programs
@@ -654,6 +654,13 @@ def test_a_diverged_slot_fails_its_cell_only(tmp_path, monkeypatch, capsys):
   summ = load(f"{bad.dir}/summary.json")
   assert summ["diverged"] == [{"seed": 1, "round": 2}] and summ["seeds"] == [0]
   assert not [n for n in os.listdir(sw.root) if n.startswith(".batch-")]
+  # the split cell's records keep the program's ``cell`` key, its summary
+  # names the seed alone: the reader leaves that seed out all the same
+  run = reading.load_run(bad.dir)
+  assert {r["seed"] for r in run.records} == {0}
+  assert any("seed 1 diverged at round 2" in p for p in run.problems)
+  (row,) = report.build_report([bad.dir]).rows
+  assert row.seeds == 1
 
 
 @pytest.mark.parametrize("device", ["same", "smaller"])
