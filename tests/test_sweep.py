@@ -12,6 +12,7 @@ import pytest
 from jsfl import cli, reading, report, sweep, train
 from jsfl.rundir import read_metrics
 from jsfl.sweep import execute
+from jsfl.sweep.plan import programs_on_disk
 from jsfl.train import memory, programs
 from jsfl.train.lifecycle import Progress
 from jsfl.train.memory import memory_estimate
@@ -708,6 +709,48 @@ def test_a_killed_program_resumes_bit_identically(tmp_path, monkeypatch, capsys,
     b = read_metrics(f"{tmp_path}/b/t/{name}/metrics.jsonl")
     assert [{k: v for k, v in r.items() if k != "wall_s"} for r in a] == \
         [{k: v for k, v in r.items() if k != "wall_s"} for r in b]
+
+
+def test_collect_reads_a_cell_from_the_program_that_trained_it_last(tmp_path, monkeypatch,
+                                                                    capsys):
+  """The grid edited while a program was killed: the new plan's program
+  holds the same cells under another directory, and the old one stays on
+  disk.  The sweep says so when it starts the new program, and --collect
+  reads each cell once, from the program written last (the old one's
+  seeds counted twice before)."""
+  base = (BASE.replace('"run.rounds" = 2', '"run.rounds" = 3')
+          + '"run.seeds" = 2\n"run.checkpoint_every" = 1\n')
+  real_update = Progress.update
+
+  def kill_at(r_kill):
+    def killed(self, r, *a, **kw):  # a kill after round r_kill's records
+      real_update(self, r, *a, **kw)
+      if r == r_kill:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Progress, "update", killed)
+
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out", '[grid]\n"optim.lr" = [0.01, 0.02]',
+                     base=base)
+  kill_at(2)
+  assert cli.main(["sweep", path, "--quiet"]) != 0
+  sw = sweep.load_sweep(path)
+  (old,) = [p.dir for p in programs_on_disk(sw.root)]
+  path = write_sweep(tmp_path / "s.toml", tmp_path / "out",
+                     '[grid]\n"optim.lr" = [0.01, 0.02, 0.03]', base=base)
+  kill_at(1)
+  capsys.readouterr()
+  assert cli.main(["sweep", path, "--quiet"]) != 0
+  out = capsys.readouterr().out
+  assert f"note: {old} holds training of optim.lr=0.01, optim.lr=0.02 from another plan" in out
+  monkeypatch.setattr(Progress, "update", real_update)
+  assert len(programs_on_disk(sw.root)) == 2
+  assert cli.main(["sweep", path, "--collect"]) == 0
+  out = capsys.readouterr().out
+  rows = [line.split("|") for line in out.splitlines() if line.startswith("| sfl")]
+  # each cell 2 seeds at round 1, the new program's; the old one's round 2 left out
+  assert [(r[2].strip(), r[3].strip(), r[4].strip()) for r in rows] == [
+      ("0.01", "2", "1"), ("0.02", "2", "1"), ("0.03", "2", "1")]
+  assert f"{old}: its records of cell optim.lr=0.01 are left out" in out
 
 
 def test_a_kill_while_cells_are_split_out_is_finished_without_training(tmp_path,

@@ -7,7 +7,7 @@ import csv
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -260,13 +260,19 @@ class UnknownField(UserError, ValueError):
 
 
 def _load(paths: Sequence[str], by: Sequence[str] | None,
-          strict_by: bool = False) -> tuple[list[Run], list[str]]:
+          strict_by: bool = False,
+          only: Collection[str] | None = None) -> tuple[list[Run], list[str]]:
   """The runs under ``paths`` that have records, and every problem met (with
-  ``strict_by``, a ``by`` field no run has raises :class:`UnknownField`)."""
+  ``strict_by``, a ``by`` field no run has raises :class:`UnknownField`;
+  ``only``: just the runs of these paths)."""
   dirs, problems = find_run_dirs(paths)
-  runs = [r for d in dirs for r in load_runs(d)]
-  for r in runs:
-    problems += r.problems
+  runs = []
+  for d in dirs:
+    found = load_runs(d)  # a program's problems ride on its first cell's run
+    kept = [r for r in found if only is None or os.path.normpath(r.path) in only]
+    if kept:
+      problems += [m for r in found for m in r.problems]
+      runs += kept
   runs = [r for r in runs if r.records]
   if runs and by:
     known = set().union(*(flat_config(r) for r in runs))
@@ -282,7 +288,7 @@ def _load(paths: Sequence[str], by: Sequence[str] | None,
 def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
                  last: int = 5, paired_with: str | None = None,
                  best_ma: int = 0, reference: str | None = None,
-                 strict_by: bool = False) -> Report:
+                 strict_by: bool = False, only: Collection[str] | None = None) -> Report:
   """Finds, reads, groups and summarises the runs under ``paths``.
 
   Args:
@@ -299,6 +305,9 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
     strict_by: a ``by`` field that no run has raises (a typo on the command
       line) rather than being noted among the problems (a sweep's field
       whose cells have not started yet).
+    only: normalised run paths (``os.path.normpath``; a cell of a program
+      is ``PROGRAM/CELL``): report these runs of ``paths`` and no other
+      (``jsfl sweep --collect``: each cell from one place).
 
   Returns:
     The report; ``rows`` is empty when no run has a usable record.
@@ -308,7 +317,7 @@ def build_report(paths: Sequence[str], by: Sequence[str] | None = None,
       ``strict_by``, a ``by`` field no run has; a bad
       reference CSV; a ``last`` below 1 (:func:`jsfl.statistics.per_seed_figures`).
   """
-  runs, problems = _load(paths, by, strict_by)
+  runs, problems = _load(paths, by, strict_by, only)
   if not runs:
     return Report([], [], {}, problems, last)
   groups, columns, shared = group_runs(runs, by)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import glob
 import os
 
 from jsfl import reading
 from jsfl.sweep.format import Sweep
-from jsfl.sweep.plan import BATCH_PREFIX, read_json, started
+from jsfl.sweep.plan import programs_on_disk
 
 COLLECTED = "collected"
 
@@ -15,32 +14,41 @@ COLLECTED = "collected"
 def collect(sweep: Sweep):
   """One report over every cell with metrics, finished or not.
 
-  Programs still training are read from their batch directory, a run per
-  cell.  Cells that differ only in run.seed / run.seeds pool into one row
-  (as ``jsfl report`` pools them); every other cell is its own row.
+  A cell is read from its own directory once it has one, else from the
+  program on disk that holds it (still training, or killed), a run per
+  cell; when several programs hold it (the plan changed since one started:
+  :func:`jsfl.sweep.plan.programs_on_disk`), from the one written last,
+  so no seed counts twice; the others are named among the problems.  Only
+  the sweep's current cells are read.  Cells that differ only in run.seed /
+  run.seeds pool into one row (as ``jsfl report`` pools them); every other
+  cell is its own row.
 
   Returns:
     The :class:`jsfl.report.Report`; cells without a run are listed in its
     ``problems``.
   """
   from jsfl import report
-  paths, covered, notes = [], set(), []
-  for side in sorted(glob.glob(os.path.join(glob.escape(sweep.root), BATCH_PREFIX + "*.json"))):
-    block = read_json(side)
-    d = side[:-len(".json")]
-    if not isinstance(block, dict) or not os.path.isdir(d):
-      continue
-    names = set(block.get("cells", ()))
-    if not any(started(c.dir) for c in sweep.cells if c.name in names):
-      paths.append(d)  # still training (or killed): its cells, not yet split
-      covered |= names
+  progs = programs_on_disk(sweep.root)
+  paths, runs, notes, used = [], set(), [], set()
   for c in sweep.cells:
     if any(os.path.exists(os.path.join(c.dir, m)) for m in reading.RUN_MARKERS):
       paths.append(c.dir)
-    elif c.name not in covered:
+      runs.add(os.path.normpath(c.dir))
+      continue
+    holders = [p for p in progs if c.name in p.cells]
+    if not holders:
       notes.append(f"{c.dir}: cell {c.name} not started")
+      continue
+    src = max(holders, key=lambda p: p.written)
+    used.add(src.dir)
+    runs.add(os.path.normpath(os.path.join(src.dir, c.name)))
+    if src.dir not in paths:
+      paths.append(src.dir)
+    notes += [f"{p.dir}: its records of cell {c.name} are left out; {src.dir} trained "
+              "that cell later (the sweep's plan changed; delete the older program to "
+              "free its disk)" for p in holders if p is not src]
   rep = (report.build_report(paths, by=sweep.by, best_ma=sweep.best_ma,
-                             reference=sweep.reference) if paths
+                             reference=sweep.reference, only=runs) if paths
          else report.Report([], [], {}, []))
   rep.problems += notes
   return rep

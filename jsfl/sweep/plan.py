@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import glob
 import hashlib
 import json
 import math
@@ -106,6 +107,48 @@ def status(cell: Cell) -> str:
   if finished(cell.dir, config_lib.typed(cell.cfg).run.rounds):
     return "done"
   return "partial" if started(cell.dir) else "todo"
+
+
+@dataclasses.dataclass
+class ProgramOnDisk:
+  """A program directory of a sweep (``.batch-<hash>``) and what its side
+  file says it holds."""
+
+  dir: str
+  cells: list[str]
+  written: float  # mtime of its newest record file: which program wrote last
+
+  @property
+  def has_training(self) -> bool:
+    return os.path.isdir(os.path.join(self.dir, "checkpoints")) or os.path.exists(
+        os.path.join(self.dir, "metrics.jsonl"))
+
+
+def programs_on_disk(root: str) -> list[ProgramOnDisk]:
+  """Every program directory under a sweep's ``root`` with a readable side
+  file, in name order.  Several may hold one cell: a plan changes with the
+  grid, the cells' names, ``exec.max_slots``, ``--per-cell`` or a shard
+  count, and the program of an earlier plan stays on disk."""
+  out = []
+  for side in sorted(glob.glob(os.path.join(glob.escape(root), BATCH_PREFIX + "*.json"))):
+    block, d = read_json(side), side[:-len(".json")]
+    if not isinstance(block, dict) or not os.path.isdir(d):
+      continue
+    stamps = [os.path.getmtime(f) for f in (os.path.join(d, "metrics.jsonl"),
+                                            os.path.join(d, "config.json"), side)
+              if os.path.exists(f)]
+    out.append(ProgramOnDisk(d, [n for n in block.get("cells", ()) if isinstance(n, str)],
+                             max(stamps)))
+  return out
+
+
+def other_programs(unit: Unit) -> list[ProgramOnDisk]:
+  """Programs on disk other than ``unit``'s own that hold training of one of
+  its cells: an earlier plan's, which ``unit`` does not continue."""
+  names = {c.name for c in unit.cells}
+  root = os.path.dirname(unit.cells[0].dir)
+  return [p for p in programs_on_disk(root) if os.path.normpath(p.dir) != os.path.normpath(
+      unit.dir) and p.has_training and names & set(p.cells)]
 
 
 def batch_dir(root: str, cells: list[Cell]) -> str:
