@@ -75,10 +75,32 @@ def drop_partial(out: str, script: str) -> None:
 
 
 def machine(**extra: object) -> dict:
-  """The ``machine`` record of a result file: host, platform, CPUs, backend,
-  first device and jax's version, then ``extra``. Starts jax's backend."""
+  """The ``machine`` record of a result file: host, platform, CPU model,
+  CPUs (and those this process may use: a ``taskset`` run's), Python,
+  backend, first device, device count and jax's version, then ``extra``.
+  Starts jax's backend."""
+  import sys
+
   import jax
   d = jax.devices()[0]
-  return {"host": host(), "platform": platform.platform(), "cpus": os.cpu_count(),
+  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {"host": host(), "platform": platform.platform(), "cpu": cpu_model(),
+          "cpus": os.cpu_count(), "cpus_usable": usable, "python": sys.version.split()[0],
           "backend": jax.default_backend(), "device": getattr(d, "device_kind", str(d)),
-          "jax": jax.__version__, **extra}
+          "devices": jax.device_count(), "jax": jax.__version__, **extra}
+
+
+def cpu_model() -> str:
+  """The CPU's name and family / model numbers (Linux's /proc/cpuinfo; else
+  what Python knows): a VM's host CPU can change between runs while its
+  hostname and kernel stay."""
+  fields: dict[str, str] = {}
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        k, _, v = line.partition(":")
+        fields.setdefault(k.strip(), v.strip())
+  except OSError:
+    return platform.processor() or platform.machine()
+  return (f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, "
+          f"model {fields.get('model', '?')})")

@@ -43,6 +43,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # a test loads i
 import _results  # noqa: E402  (benchmarks/ is not a package: a sibling module)
 
 from jsfl import config as config_lib
+from jsfl.methods import sfedkd
 from jsfl.models import layers
 from jsfl.train import experiment, programs
 
@@ -114,6 +115,8 @@ def as_backend(cfg: dict, backend: str) -> dict:
     m["im2col_grad"] = layers.default_im2col_grad(backend)
   if m.get("im2col_narrow", "auto") == "auto":
     m["im2col_narrow"] = layers.default_im2col_narrow(backend)
+  if cfg["method"].get("teacher_exec") == "auto":  # SFedKD's teachers' loop
+    cfg["method"]["teacher_exec"] = sfedkd.default_teacher_exec(backend)
   return cfg
 
 

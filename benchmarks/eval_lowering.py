@@ -18,8 +18,6 @@ Writes ``results/eval_lowering-<backend>-<host>-<time>.json``.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
@@ -70,9 +68,7 @@ def main() -> None:
               f"{args.samples} samples", flush=True)
   path = _results.write_json(
       _results.path(args.out, "eval_lowering", jax.default_backend(), _results.host()),
-      {"machine": {"host": _results.host(), "platform": platform.platform(),
-                   "cpus": os.cpu_count(), "backend": jax.default_backend(),
-                   "devices": [str(d) for d in jax.devices()]},
+      {"machine": _results.machine(),
        "args": vars(args), "rows": rows})
   print(f"wrote {path}")
 

@@ -173,13 +173,17 @@ def worker(cell: dict, repeats: int, census_calls: bool) -> dict:
   compile_s = time.perf_counter() - t
   from jsfl.models import layers
   m_cfg = cfg["model"]
+
+  def lowering(key):  # the model's ``auto`` as resolved on this backend
+    v = m_cfg.get(key, "auto")
+    return getattr(layers, f"default_{key}")() if v == "auto" else v
+  # every choice that changes the program, so a row says what it timed
   out = {"machine": _results.machine(), "compile_s": round(compile_s, 2),
          "program_bytes": fit.program_bytes(compiled),
-         "conv_impl": (layers.default_conv_impl() if m_cfg["conv_impl"] == "auto"
-                       else m_cfg["conv_impl"]),
-         "depthwise_impl": (layers.default_depthwise_impl()
-                            if m_cfg["depthwise_impl"] == "auto" else m_cfg["depthwise_impl"]),
-         "client_pass": exp.setup.client_pass, "precision": cfg["exec"]["precision"]}
+         **{k: lowering(k) for k in ("conv_impl", "depthwise_impl", "im2col_grad",
+                                     "im2col_narrow")},
+         "client_pass": exp.setup.client_pass, "client_exec": exp.setup.client_exec,
+         "seed_exec": exp.seed_exec, "precision": cfg["exec"]["precision"]}
   mem = compiled.memory_analysis()
   if mem is not None:
     out["temp_bytes"] = int(mem.temp_size_in_bytes)

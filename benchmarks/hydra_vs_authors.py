@@ -51,7 +51,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -259,30 +258,6 @@ def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
   return 2 * n ** 3 / best
 
 
-def cpu_model() -> str:
-  """The CPU's name and family / model numbers (a VM's host can change
-  between runs while its hostname and kernel stay)."""
-  fields = {}
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        k, _, v = line.partition(":")
-        fields.setdefault(k.strip(), v.strip())
-  except OSError:
-    return platform.processor()
-  return (f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, "
-          f"model {fields.get('model', '?')})")
-
-
-def machine() -> dict:
-  import jax
-  dev = jax.devices()[0]
-  return {"host": _results.host(), "platform": platform.platform(),
-          "cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-          "backend": jax.default_backend(), "device": dev.device_kind,
-          "devices": jax.device_count(), "jax": jax.__version__}
-
-
 def authors_torch(py: str, device: str) -> dict:
   """The authors' side's torch: its version and the device it trains on."""
   code = ("import json, sys, torch; d = sys.argv[1]; print(json.dumps({'torch': "
@@ -443,7 +418,7 @@ def main() -> None:
   print(f"# {flops / 1e6:.2f} MFLOP per training sample (XLA); matmul peak "
         f"{peak / 1e9:.1f} GFLOP/s", flush=True)
   path = _results.path(args.out, "hydra_vs_authors", args.model, _results.host())
-  head = {"machine": machine(), "authors_torch": authors_torch(args.py, args.device),
+  head = {"machine": _results.machine(), "authors_torch": authors_torch(args.py, args.device),
           "args": vars(args), "train_flops_per_sample": flops,
           "matmul_peak_flops_per_s": peak}
   rows: list[dict] = []

@@ -151,8 +151,7 @@ def main() -> None:
         json.dump(t, f)
     return
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from hydra_vs_authors import cpu_model
-  res = {"host": _results.host(), "cpu": cpu_model(),
+  res = {"machine": _results.machine(), "host": _results.host(), "cpu": _results.cpu_model(),
          "xla_flags": os.environ.get("XLA_FLAGS", ""),
          "width": WIDTH, "batch": BATCH, "jsfl": jax_side(args.n)}
   if args.torch_json:

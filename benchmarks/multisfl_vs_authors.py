@@ -28,7 +28,6 @@ import argparse
 import glob
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -80,13 +79,6 @@ def authors_rate(logs: str, method: str) -> list[dict]:
   return rows
 
 
-def machine() -> dict:
-  import jax
-  return {"host": _results.host(), "platform": platform.platform(),
-          "processor": platform.machine(), "cpus": os.cpu_count(),
-          "backend": jax.default_backend(), "jax": jax.__version__}
-
-
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--method", nargs="+", default=["multisfl"], choices=sorted(AUTHORS))
@@ -104,7 +96,7 @@ def main(argv=None) -> None:
   ap.add_argument("--jsfl", default=os.path.join(os.path.dirname(sys.executable), "jsfl"))
   ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args(argv)
-  res = {"machine": machine(), "args": vars(args),
+  res = {"machine": _results.machine(), "args": vars(args),
          "jsfl": [jsfl_rate(m, x, args.rounds, args.seed, args.jsfl, tuple(args.overrides))
                   for m in args.method for x in args.execs],
          "authors": ([dict(r, method=m, threads=args.authors_threads) for m in args.method

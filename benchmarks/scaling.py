@@ -46,7 +46,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse
 import json
-import platform
 import sys
 import time
 
@@ -173,14 +172,6 @@ def run_curve(args, argv, points: list[dict]) -> list[dict]:
   return [dict(p, samples_per_round=samples[i], **out[i]) for i, p in enumerate(points)]
 
 
-def machine() -> dict:
-  d = jax.devices()[0]
-  return {"host": _results.host(), "platform": platform.platform(),
-          "processor": platform.machine(), "cpus": os.cpu_count(),
-          "backend": jax.default_backend(), "device": getattr(d, "device_kind", str(d)),
-          "devices": jax.device_count(), "jax": jax.__version__}
-
-
 def plot(res: dict, path: str) -> None:
   """Three panels (clients, seeds, devices): samples/s and compile time."""
   import matplotlib
@@ -278,7 +269,7 @@ def main(argv=None):
                    "devices": d, "seed_exec": "vmap"} for d in args.devices],
   }
   load_start, t_start = interleave.load_average(), time.time()
-  res = {"machine": machine(), "args": vars(args), "rows": []}
+  res = {"machine": _results.machine(), "args": vars(args), "rows": []}
   print(f"# {res['machine']}", flush=True)
   for axis in args.curves:
     points = [dict(p, axis=axis, simulated=(axis == "devices" and (

@@ -37,8 +37,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
-import platform
 import re
 import statistics
 import sys
@@ -51,16 +49,9 @@ import numpy as np
 from jax import lax
 
 from jsfl.core.loss import masked_cross_entropy
-from jsfl.models import get_model
+from jsfl.models import get_model, layers
 
 VISITS = 10
-
-
-def machine() -> dict:
-  d = jax.devices()[0]
-  return {"host": _results.host(), "platform": platform.platform(),
-          "cpus": os.cpu_count(), "backend": jax.default_backend(),
-          "device": getattr(d, "device_kind", str(d)), "jax": jax.__version__}
 
 
 def census(hlo: str) -> dict:
@@ -171,7 +162,10 @@ def cell(model_name, width, seeds, batch, variant, repeats, input_shape):
   compiled = fn.lower(p2, s2, acts, ys).compile()
   compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
+  # the im2col forms are ``auto``'s here: named, so a row says what it timed
   row = {"compile_s": round(compile_s, 2), "act_shape": list(act_shape),
+         "im2col_grad": layers.default_im2col_grad(),
+         "im2col_narrow": layers.default_im2col_narrow(),
          "census": census(compiled.as_text())}
   if mem is not None:
     for k in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes"):
@@ -248,7 +242,7 @@ def main():
   batch = 8 if args.smoke else args.batch
   repeats = 1 if args.smoke else args.repeats
   input_shape = (16, 16, 3) if args.smoke else (32, 32, 3)
-  res = {"machine": machine(), "batch": batch, "visits": VISITS, "rows": [],
+  res = {"machine": _results.machine(), "batch": batch, "visits": VISITS, "rows": [],
          "command": "python benchmarks/seed_kernels.py " + " ".join(sys.argv[1:])}
   print(res["machine"], flush=True)
   start = time.perf_counter()

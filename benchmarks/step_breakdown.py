@@ -83,7 +83,7 @@ def main() -> None:
   from jsfl.models import get_model
   from jsfl.models.layers import conv2d
 
-  out: dict = {"host": _results.host(), "cpus": os.cpu_count(),
+  out: dict = {"machine": _results.machine(), "host": _results.host(), "cpus": os.cpu_count(),
                "xla_flags": os.environ.get("XLA_FLAGS", ""), "threads": args.threads}
   a = jnp.ones((1024, 1024))
   out["matmul_gflop_per_s"] = 2 * 1024 ** 3 / bench(jax.jit(lambda a: a @ a), a, n=20) / 1e9

@@ -64,6 +64,9 @@ out_dir = "{out_dir}"
 "run.seeds" = {args.seeds}
 "run.eval_every" = {args.rounds}
 "exec.progress" = false
+# every timing compiles afresh: a warm persistent cache (~/.cache/jsfl/xla)
+# would serve a rerun's or a repeat's programs
+"exec.compile_cache" = "off"
 
 [grid]
 "optim.lr" = [{", ".join(map(str, args.lrs))}]

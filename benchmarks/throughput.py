@@ -26,8 +26,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
@@ -45,7 +43,7 @@ from jsfl.data import load_dataset, normalize
 from jsfl.engine import split
 from jsfl.methods import sfl
 from jsfl.models import layers
-from jsfl.train.programs import make_seed_keys, seed_program
+from jsfl.train.programs import default_client_exec, default_seed_exec, make_seed_keys, seed_program
 
 
 def _block(x):
@@ -79,8 +77,10 @@ def workload(args, clients, seeds):
   return data, seed_data
 
 
-def make_setup(args, clients, client_exec="vmap", conv_impl=None, depthwise_impl=None):
-  """SFL on the workload, set up from a config as ``jsfl run`` sets it up."""
+def make_setup(args, clients, client_exec=None, conv_impl=None, depthwise_impl=None):
+  """SFL on the workload, set up from a config as ``jsfl run`` sets it up
+  (``None``: what ``auto`` picks on this backend)."""
+  client_exec = client_exec or default_client_exec(clients)
   return train.setup_from({
       "model": {"name": args.model, "cut": args.cut,
                 **({"width": int(args.width) if args.width.is_integer() else args.width}
@@ -92,7 +92,10 @@ def make_setup(args, clients, client_exec="vmap", conv_impl=None, depthwise_impl
       (32, 32, 3), 10, args.steps * args.batch)
 
 
-def bench_jsfl(args, clients, seeds, seed_exec="vmap", **setup_kw):
+def bench_jsfl(args, clients, seeds, seed_exec=None, **setup_kw):
+  """jsfl's round; loops and lowerings as ``jsfl run`` picks them unless given."""
+  seed_exec = seed_exec or default_seed_exec()
+  setup_kw["client_exec"] = setup_kw.get("client_exec") or default_client_exec(clients)
   setup = make_setup(args, clients, **setup_kw)
   data, seed_data = workload(args, clients, seeds)
 
@@ -105,7 +108,8 @@ def bench_jsfl(args, clients, seeds, seed_exec="vmap", **setup_kw):
   state = init(keys)
   first, t = _timed(lambda: rnd(state, seed_data, keys, data), args.repeats)
   return {"first_call_s": first, "round_s": t,
-          "samples_per_s": seeds * clients * args.steps * args.batch / t}
+          "samples_per_s": seeds * clients * args.steps * args.batch / t,
+          "client_exec": setup_kw["client_exec"], "seed_exec": seed_exec}
 
 
 def bench_loop(args, clients, seeds):
@@ -203,14 +207,6 @@ def bench_central(args, clients):
   return {"first_call_s": first, "step_s": t, "batch": B, "samples_per_s": B / t}
 
 
-def machine():
-  d = jax.devices()[0]
-  return {"host": _results.host(), "platform": platform.platform(),
-          "processor": platform.machine(), "cpus": os.cpu_count(),
-          "backend": jax.default_backend(), "device": getattr(d, "device_kind", str(d)),
-          "devices": jax.device_count(), "jax": jax.__version__}
-
-
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--model", default="mobilenet_v1")
@@ -238,10 +234,13 @@ def main(argv=None):
   ap.add_argument("--skip-central", action="store_true")
   ap.add_argument("--out", default=_results.DIR)
   args = ap.parse_args(argv)
-  res = {"machine": machine(), "args": vars(args),
+  res = {"machine": _results.machine(), "args": vars(args),
+         # what ``auto`` picks here; each row names its client and seed loops
          "defaults": {"conv_impl": layers.default_conv_impl(),
                       "depthwise_impl": layers.default_depthwise_impl(),
-                      "client_exec": "vmap", "seed_exec": "vmap"},
+                      "im2col_grad": layers.default_im2col_grad(),
+                      "im2col_narrow": layers.default_im2col_narrow(),
+                      "seed_exec": default_seed_exec()},
          "rows": []}
   path = _results.path(args.out, "throughput", jax.default_backend(), args.model)
   print(f"# {res['machine']}")
@@ -290,12 +289,13 @@ def main(argv=None):
     impls = [tuple(x.split(":")) for x in args.strategy_impls]
     grid = [(ce_, "vmap", conv_impl, dw, 1) for conv_impl, dw in impls
             for ce_ in ("vmap", "map", "unroll")]
-    grid += [("vmap", se, None, None, args.strategy_seeds) for se in ("vmap", "map")]
+    grid += [(None, se, None, None, args.strategy_seeds) for se in ("vmap", "map")]
     for ce_, seed_exec, conv_impl, dw, seeds in grid:
       r = bench_jsfl(args, clients, seeds, seed_exec=seed_exec, client_exec=ce_,
                      conv_impl=conv_impl, depthwise_impl=dw)
       conv_impl = conv_impl or layers.default_conv_impl()
       dw = dw or layers.default_depthwise_impl()
+      ce_, seed_exec = r["client_exec"], r["seed_exec"]
       r.update(client_exec=ce_, seed_exec=seed_exec, conv_impl=conv_impl,
                depthwise_impl=dw, seeds=seeds, clients=clients)
       res["strategies"].append(r)

@@ -51,7 +51,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -237,14 +236,10 @@ def _row(base_row: dict, sides: dict) -> dict:
 
 def machine(torch_device: str) -> dict:
   import torch
-  d = jax.devices()[0]
-  return {"host": _results.host(), "platform": platform.platform(),
-          "processor": platform.machine(), "cpus": os.cpu_count(),
-          "backend": jax.default_backend(), "device": getattr(d, "device_kind", str(d)),
-          "devices": jax.device_count(), "jax": jax.__version__,
-          "torch": torch.__version__, "torch_device": torch_device,
-          "torch_device_name": (torch.cuda.get_device_name()
-                                if torch_device.startswith("cuda") else platform.processor())}
+  return _results.machine(torch=torch.__version__, torch_device=torch_device,
+                          torch_device_name=(torch.cuda.get_device_name()
+                                             if torch_device.startswith("cuda")
+                                             else _results.cpu_model()))
 
 
 def plot(res: dict, path: str) -> None:

@@ -249,12 +249,13 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "exec": {
         "client_exec": _f(str, "auto", "how the clients' portions run in one program; auto "
-                          "= the measured default of the backend "
-                          "(jsfl.train.programs.default_client_exec)",
+                          "= the backend's default "
+                          "(jsfl.train.programs.default_client_exec; its measurements: "
+                          "benchmarks/README.md)",
                           ("auto", "vmap", "map", "unroll")),
         "seed_exec": _f(str, "auto", "how the seed axis runs in one program; auto = the "
-                        "measured default of the backend "
-                        "(jsfl.train.programs.default_seed_exec)",
+                        "backend's default (jsfl.train.programs.default_seed_exec; its "
+                        "measurements: benchmarks/README.md)",
                         ("auto", "vmap", "map")),
         "client_pass": _f(str, "auto", "where a sequential server's participants run "
                           "part-1 (SFL, Hydra and their variants): per_visit = forward, "

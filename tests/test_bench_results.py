@@ -78,3 +78,34 @@ def test_no_benchmark_spells_a_result_name_itself():
     assert not re.search(r"[\"'](benchmarks/)?results[\"']\)", text), script.name
     assert not [s for s in strings if s.endswith("-partial.json") and " " not in s], script.name
     assert "gethostname" not in text, script.name
+
+
+MACHINE_KEYS = {"host", "cpu", "cpus", "cpus_usable", "backend", "device", "jax"}
+
+
+def test_the_machine_record_names_cpu_device_and_jax():
+  rec = results.machine(extra="x")
+  assert MACHINE_KEYS <= set(rec) and rec["extra"] == "x"
+  assert rec["backend"] == "cpu" and rec["cpu"] and 1 <= rec["cpus_usable"] <= rec["cpus"]
+
+
+def test_results_from_the_shared_record_on_name_their_machine():
+  """Every result written since every script took its ``machine`` record
+  from ``_results.machine`` (2026-11-29) names the CPU, the device and jax:
+  a figure is read against the machine it was measured on."""
+  checked = 0
+  for p in sorted((ROOT / "benchmarks/results").rglob("*.json")):
+    stamp = re.search(r"-(\d{8})-\d{6}\.json$", p.name)
+    if not stamp or stamp.group(1) < "20261129":
+      continue
+    rec = json.loads(p.read_text()).get("machine") or {}
+    missing = MACHINE_KEYS - set(rec)
+    assert not missing, f"{p.relative_to(ROOT)}: machine lacks {sorted(missing)}"
+    checked += 1
+  assert checked  # teacher_exec-cpu-vm-20261129-094216.json at least
+  # the scripts' sources: none builds a record of its own any more
+  for script in (ROOT / "benchmarks").glob("*.py"):
+    tree = ast.parse(script.read_text())
+    own = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+           and n.name == "machine" and script.name != "_results.py"]
+    assert not own or "_results.machine(" in script.read_text(), script.name

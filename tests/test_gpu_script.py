@@ -35,6 +35,11 @@ def test_gpu_script_smoke(tmp_path, part):
   for p in tmp_path.glob("*.json"):
     res = json.loads(p.read_text())
     assert res["machine"]["backend"] == "cpu"
+    # the scripts turn a failing cell into a row and go on (a GPU out of
+    # memory must not end a lease): at toy sizes no cell may fail
+    assert not list(_failures(res)), (p.name, list(_failures(res))[:3])
+    rates = list(_values(res, "samples_per_s"))
+    assert all(r > 0 for r in rates), (p.name, rates)
   # A finished run leaves its results, not the per-row file a time limit would.
   assert not any(n.endswith("-partial.json") for n in names), names
   if part == "vs_torch_resnet18":
@@ -70,6 +75,31 @@ def test_gpu_script_smoke(tmp_path, part):
       archive, member = row["trace"]["file"].split(":")
       assert archive == "fill-traces.tar" and member in members
     assert not list(tmp_path.glob(".*.trace.json.gz"))  # archived, not left beside
+
+
+def _failures(obj):
+  """Every ``error`` entry of a result file, at any depth."""
+  if isinstance(obj, dict):
+    if obj.get("error"):
+      yield obj["error"]
+    for v in obj.values():
+      yield from _failures(v)
+  elif isinstance(obj, list):
+    for v in obj:
+      yield from _failures(v)
+
+
+def _values(obj, key):
+  """Every number stored under ``key`` in a result file, at any depth."""
+  if isinstance(obj, dict):
+    for k, v in obj.items():
+      if k == key and isinstance(v, (int, float)):
+        yield v
+      else:
+        yield from _values(v, key)
+  elif isinstance(obj, list):
+    for v in obj:
+      yield from _values(v, key)
 
 
 def test_gpu_script_rejects_unknown_part(tmp_path):

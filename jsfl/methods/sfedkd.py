@@ -81,7 +81,8 @@ terms.
 Teachers are a stacked pytree with a leading teacher axis, evaluated in eval
 mode on every student batch in one vmapped forward (``teacher_exec =
 "vmap"``, the default off CPU) or unrolled over the teacher axis (the CPU
-default: same values, ~6x faster there).  With ``teacher_cache`` (default)
+default; same values, and on the CPU the forms run level:
+:func:`default_teacher_exec`).  With ``teacher_cache`` (default)
 the teachers run once per student on its first epoch and later epochs look
 the logits up by sample index (the teachers are frozen, so the values are
 the same; E times fewer teacher forwards; not with ``method.drop_last``,
@@ -419,16 +420,27 @@ def multi_teacher_kd(student_logits, teacher_logits, labels, mask, rule: str,
   return temperature ** 2 * jnp.sum(w * kl * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
+def default_teacher_exec(backend: str | None = None) -> str:
+  """The teachers' loop ``teacher_exec = "auto"`` resolves to: one teacher
+  after another on the CPU, one vmapped forward elsewhere.  On the CPU,
+  whose convolutions lower to matmuls (im2col), the three forms run level:
+  the teachers' forward within the machine's noise of each other on
+  LeNet-5, AlexNet and the small CNN (``benchmarks/teacher_exec.py``), the
+  whole LeNet-5 SFedKD round too, with the same records
+  (``benchmarks/README.md``); a vmap over stacked conv weights is the
+  batched form accelerators are built for (not measured on one yet)."""
+  return "unroll" if (backend or jax.default_backend()) == "cpu" else "vmap"
+
+
 def teacher_logits(setup: Setup, t_params, t_stats, x, how: str = "vmap"):
   """All teachers' eval-mode logits on one batch, ``(M, B, L)``.
 
   ``how="vmap"`` is one vmapped forward over the stacked teachers;
   ``"unroll"`` / ``"map"`` run them one after another in the same program
-  (same values; on XLA:CPU a vmap over stacked conv weights measured ~6x
-  slower than the unrolled forwards for LeNet-5).
+  (same values; ``"auto"``: :func:`default_teacher_exec`).
   """
   if how == "auto":
-    how = "unroll" if jax.default_backend() == "cpu" else "vmap"
+    how = default_teacher_exec()
   return map_clients(lambda p, s: setup.model.apply(p, s, x, train=False)[0], how,
                      t_params, t_stats)
 

@@ -80,8 +80,9 @@ def inference_conv_impl(impl: str, kernel_shape, choice: str = "auto",
   ``choice``: ``"same"`` keeps the training lowering ``impl``; ``"xla"`` or
   ``"im2col"`` forces one; ``"auto"`` is the backend's measured faster
   forward.  On XLA:CPU that is ``xla`` for a spatial kernel over >= 8 input
-  channels (3.5-4x faster than im2col there: its nine shifted copies are the
-  cost, and a forward has no slow weight gradient to avoid) and the training
+  channels (1.5-1.8x faster than im2col there on the small CNN's 16 -> 32
+  conv, ``benchmarks/results/step_breakdown-*``: its nine shifted copies are
+  the cost, and a forward has no slow weight gradient to avoid) and the training
   lowering otherwise (im2col wins on one- or three-channel inputs and strided
   stems); elsewhere the training lowering.  Measured in
   ``benchmarks/eval_lowering.py`` (``benchmarks/README.md``).

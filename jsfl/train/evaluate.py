@@ -16,9 +16,10 @@ EVAL_BATCH_ACCELERATOR = 1000
 
 def default_eval_batch(backend: str | None = None) -> int:
   """The chunk ``exec.eval_batch = 0`` resolves to.  On XLA:CPU 250-sample
-  chunks evaluate 1.1-1.4x faster than 1000 (they stay in cache; measured on
-  the small CNN and MobileNetV1, ``benchmarks/eval_lowering.py``); accelerators keep
-  larger chunks, which fill them."""
+  chunks evaluate the small CNN 2x faster than 1000 (they stay in cache;
+  ``benchmarks/eval_lowering.py``; on MobileNetV1 x0.5 the committed passes
+  do not tell 250 from 1000 apart); accelerators keep larger chunks, which
+  fill them (not measured)."""
   backend = backend or jax.default_backend()
   return EVAL_BATCH_CPU if backend == "cpu" else EVAL_BATCH_ACCELERATOR
 

@@ -30,9 +30,9 @@ def default_client_exec(clients_per_round: int, backend: str | None = None) -> s
   a looped client can skip the padded steps of a small one.  Up to
   :data:`UNROLL_MAX_CLIENTS` the loop is unrolled, past that a rolled
   ``lax.map`` (an unrolled loop's compile time grows with its clients).
-  Accelerators get vmap, the batched form they are built for.  The
-  measurements behind the choice are in ``benchmarks/results/``
-  (``benchmarks/README.md``).
+  Accelerators get vmap, the batched form they are built for.  The CPU's
+  choice is measured (``benchmarks/results/``, ``benchmarks/README.md``);
+  the accelerators' has no A/B committed yet.
   """
   backend = backend or jax.default_backend()
   if backend != "cpu":
