@@ -287,7 +287,7 @@ def main(argv=None):
     print("\n| client_exec | seed_exec | conv_impl | depthwise_impl | seeds | samples/s | compile+first (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     impls = [tuple(x.split(":")) for x in args.strategy_impls]
-    grid = [(ce_, "vmap", conv_impl, dw, 1) for conv_impl, dw in impls
+    grid = [(ce_, None, conv_impl, dw, 1) for conv_impl, dw in impls
             for ce_ in ("vmap", "map", "unroll")]
     grid += [(None, se, None, None, args.strategy_seeds) for se in ("vmap", "map")]
     for ce_, seed_exec, conv_impl, dw, seeds in grid:
