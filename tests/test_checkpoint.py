@@ -185,6 +185,56 @@ def test_multisfl_stop_and_crash_in_process(tmp_path, reference, monkeypatch, ca
   assert_same_run(out, reference("multisfl"))
 
 
+def test_a_sigterm_while_the_run_starts_stops_it_before_round_1(tmp_path, reference,
+                                                                 monkeypatch, capsys):
+  """A SIGTERM while the run loads its data or compiles (a cluster's
+  preemption) stops it before its first round: one line, exit 143; a new
+  run leaves nothing behind, a resumed one its directory as it was (the
+  default handler killed the process and left a locked, half-written
+  directory that a rerun refused)."""
+  real_fit, update = loop.fit.fit, Progress.update
+
+  def fit_then_sigterm(*args, **kwargs):
+    compiled = real_fit(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)  # lands while the run starts
+    return compiled
+  before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+  monkeypatch.setattr(loop.fit, "fit", fit_then_sigterm)
+  out = str(tmp_path / "new")
+  with pytest.raises(SystemExit) as stop:
+    cli.main(["run", *config("sfl"), f"run.dir={out}", "--quiet"])
+  assert stop.value.code == 128 + signal.SIGTERM
+  assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+  assert capsys.readouterr().err.strip() == (
+      "jsfl: stopped before round 1; nothing kept (a new run)")
+  assert not os.path.exists(out)
+
+  # a run stopped after round 4, its resume stopped while it starts
+  monkeypatch.setattr(loop.fit, "fit", real_fit)
+
+  def sigterm_at_4(self, r, *args, **kwargs):
+    update(self, r, *args, **kwargs)
+    if r == 4:
+      os.kill(os.getpid(), signal.SIGTERM)
+  monkeypatch.setattr(Progress, "update", sigterm_at_4)
+  with pytest.raises(SystemExit):
+    cli.main(["run", *config("sfl"), f"run.dir={out}", "--quiet"])
+  monkeypatch.setattr(Progress, "update", update)
+  kept = {n: read_text(f"{out}/{n}") for n in ("metrics.jsonl", "summary.json")}
+  capsys.readouterr()
+  monkeypatch.setattr(loop.fit, "fit", fit_then_sigterm)
+  with pytest.raises(SystemExit) as stop:
+    cli.main(["run", "--resume", out, "--quiet"])
+  assert stop.value.code == 128 + signal.SIGTERM
+  assert capsys.readouterr().err.strip().endswith(
+      f"jsfl: stopped before round 5; resume with: jsfl run --resume {out}")
+  assert {n: read_text(f"{out}/{n}") for n in kept} == kept
+  assert checkpoint_rounds(out) == [2, 4]
+  monkeypatch.setattr(loop.fit, "fit", real_fit)
+  assert cli.main(["run", "--resume", out, "--quiet"]) == 0
+  assert_same_run(out, reference("sfl"))
+
+
 def test_resume_of_a_finished_run_changes_nothing(reference, capsys):
   out = reference("sfl")
   files = {n: read_text(f"{out}/{n}") for n in ("metrics.jsonl", "summary.json")}

@@ -118,12 +118,16 @@ class StopSignals:
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  def __init__(self):
+  def __init__(self, signals=SIGNALS):
     self.signum = None
     self._previous = {}
-    if threading.current_thread() is threading.main_thread():
-      for sig in self.SIGNALS:
-        self._previous[sig] = signal.signal(sig, self._handle)
+    for sig in signals:
+      self.watch(sig)
+
+  def watch(self, sig) -> None:
+    """Turns ``sig`` into the flag too (from the main thread; once)."""
+    if threading.current_thread() is threading.main_thread() and sig not in self._previous:
+      self._previous[sig] = signal.signal(sig, self._handle)
 
   def _handle(self, signum, frame):
     del frame

@@ -9,6 +9,7 @@ set.  ``docs/run-directory.md`` describes what a run writes.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -51,7 +52,9 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None,
   Checkpoints (:mod:`jsfl.checkpoint`) are written every
   ``run.checkpoint_every`` rounds and after the last.  SIGTERM and SIGINT
   (main thread only) end the run after the current round with a checkpoint
-  and a line naming the resume command on stderr.  The run directory is
+  and a line naming the resume command on stderr; one that comes while the
+  run starts (data, compilation: a cluster's preemption) ends it before its
+  first round, a new run leaving nothing behind.  The run directory is
   locked while the run writes it; a new run that fails before its first
   record or checkpoint leaves nothing behind.
 
@@ -72,6 +75,19 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None,
     RunDirError, CheckpointError: the directory is taken or locked; no
       checkpoint restores or matches; a checkpoint could not be written.
   """
+  # From here on SIGTERM is a flag the start checks before the first round
+  # and the loop after every round (its default would kill the process
+  # mid-start and leave a locked, half-written directory); SIGINT joins it
+  # at the first round, Ctrl-C raising at once while the run starts.
+  stop = StopSignals((signal.SIGTERM,))
+  try:
+    return _run(cfg, exp, resume, cells, stop)
+  finally:
+    stop.restore()
+
+
+def _run(cfg: dict, exp: Experiment | None, resume: str | None,
+         cells: list[tuple[str, dict]] | None, stop: StopSignals) -> str:
   exp = exp or prepare(cfg, cells)
   c = config_lib.typed(cfg)
   # Multi-host: process 0 alone writes files; the others learn its directory
@@ -89,10 +105,10 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None,
         raise RunDirError(f"run.dir={out!r} was written by another process meanwhile; "
                           "allowed: a new or empty directory")
     try:
-      train(cfg, exp, out, resume, writes)
+      train(cfg, exp, out, resume, writes, stop)
     except BaseException as e:
-      if (writes and not resume and not isinstance(e, (Stopped, Diverged))
-          and holds_nothing(out)):
+      started = isinstance(e, Diverged) or (isinstance(e, Stopped) and e.round > 0)
+      if writes and not resume and not started and holds_nothing(out):
         rundir.remove_new(out, created)
       raise
   finally:
@@ -100,8 +116,10 @@ def run(cfg: dict, exp: Experiment | None = None, *, resume: str | None = None,
   return out
 
 
-def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool) -> None:
-  """The loop over rounds, in ``out`` (already locked)."""
+def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool,
+          stop: StopSignals) -> None:
+  """The loop over rounds, in ``out`` (already locked); ``stop`` holds the
+  signals received so far."""
   mesh = run_mesh(exp)
   if not resume and writes:  # a resumed run keeps the files of its start
     write_run_files(cfg, exp, out, mesh)
@@ -127,11 +145,19 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
   t = Tally(exp)
   if resume:
     state = t.restore(cfg, out, ckpt, state, writes)
+  stop.agree()  # a signal during the start (data, compilation): no round
+  if stop.signum:
+    ckpt.close()
+    if writes:
+      then = (f"resume with: jsfl run --resume {out}" if resume
+              else "nothing kept (a new run)")
+      print(f"jsfl: stopped before round {t.start + 1}; {then}", file=sys.stderr, flush=True)
+    raise Stopped(stop.signum, t.start, out)
+  stop.watch(signal.SIGINT)
   writer = rundir.MetricsWriter(f"{out}/metrics.jsonl") if writes else rundir.NullWriter()
   bar = Progress(R, c.exec.progress and writes)
   trackers = make_trackers(cfg, exp, out, t.start, writes)
   profile = Profile(c.run.profile, out, writes)
-  stop = StopSignals()
   try:
     for r in range(t.start, R):
       profile.before(r)
@@ -174,7 +200,6 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
     trackers.close()
     writer.close()
     ckpt.close()
-    stop.restore()
   if jax.process_count() > 1:  # job logs show that every host agrees
     print(f"jsfl: process {jax.process_index()}/{jax.process_count()} finished: "
           f"accuracy {np.round(np.asarray(t.last_acc, np.float64), 4).tolist()}",
