@@ -7,6 +7,7 @@ import glob
 import gzip
 import json
 import os
+import shutil
 import re
 import struct
 import subprocess
@@ -73,6 +74,33 @@ def test_mlflow_reads_one_run_per_seed_with_params_and_metrics(tracked):
     hist = client.get_metric_history(r.info.run_id, "accuracy")
     _same(sorted((m.step, m.value) for m in hist), _accuracy(tracked, seed))
     assert r.info.status == "FINISHED"
+
+
+def test_a_moved_run_resumes_into_its_own_mlflow_runs(tmp_path):
+  """The tracker identity is the run's ``run_id`` (config.json), not its
+  path: a copy of a run resumed elsewhere continues the same MLflow run of
+  each seed (a path-based id started a second run per seed, holding the
+  resumed rounds alone)."""
+  pytest.importorskip("mlflow")
+  out, moved = str(tmp_path / "run"), str(tmp_path / "elsewhere")
+  env = {k: os.environ.pop(k) for k in ("MLFLOW_TRACKING_URI",) if k in os.environ}
+  try:
+    assert cli.main(["run", *SYN, "run.rounds=3", "run.seeds=2", "run.name=tracked",
+                     "run.checkpoint_every=1", "run.trackers=mlflow", f"run.dir={out}",
+                     "--quiet"]) == 0
+    shutil.copytree(out, moved)
+    shutil.rmtree(f"{moved}/checkpoints/3")  # resume from round 2's checkpoint
+    assert cli.main(["run", "--resume", moved, "--quiet"]) == 0
+  finally:
+    os.environ.update(env)
+  from mlflow.tracking import MlflowClient
+  client = MlflowClient(tracking_uri=f"file:{moved}/mlruns")
+  exp = client.get_experiment_by_name("tracked")
+  runs = client.search_runs([exp.experiment_id])
+  assert sorted(r.info.run_name for r in runs) == ["tracked/seed0", "tracked/seed1"]
+  for r in runs:  # round 3 logged again, at its step, into the same run
+    steps = sorted(m.step for m in client.get_metric_history(r.info.run_id, "accuracy"))
+    assert steps == [1, 2, 3, 3]
 
 
 def _wandb_records(path):

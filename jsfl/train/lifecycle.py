@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 
 import jax
 import numpy as np
@@ -39,6 +40,8 @@ def write_run_files(cfg: dict, exp, out: str, mesh) -> None:
   """config.json, partition.json and method artifacts of a new run."""
   setup, method, seeds = exp.setup, exp.method, exp.seeds
   rundir.write_json_atomic(f"{out}/config.json", {
+      # who the run is to its trackers, wherever its directory is resumed
+      "run_id": uuid.uuid4().hex,
       "config": cfg, "versions": versions(), "device": device_kind(),
       "resolved": {"cut": setup.cut, "clients_per_round": setup.clients_per_round,
                    "model_stages": list(setup.model.stage_names),

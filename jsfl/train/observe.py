@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -22,11 +23,25 @@ def make_trackers(cfg: dict, exp, out: str, start: int, writes: bool) -> tracker
   ``cells/<cell>/``, which the sweep moves into the cell's own run
   directory."""
   run = config_lib.typed(cfg).run
+  # config.json's run_id: the same tracker runs after a resume, also of a
+  # directory moved or reached by another path (runs from before it: the path)
+  uid = run_id(out) if writes else None
+  uid = uid or os.path.abspath(out)
   slots = [trackers.Slot(s.cell, s.seed, s.cfg, run.name,
                          out if s.cell is None else os.path.join(out, CELL_ARTIFACTS, s.cell),
-                         uid=os.path.abspath(out))
+                         uid=uid)
            for s in exp.slots]
   return trackers.Trackers(run.trackers if writes else [], slots, warn, start)
+
+
+def run_id(out: str) -> str | None:
+  """The ``run_id`` a run's config.json holds (None: a run from before it)."""
+  try:
+    with open(os.path.join(out, "config.json")) as f:
+      meta = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return meta.get("run_id") if isinstance(meta, dict) else None
 
 
 class Profile:
