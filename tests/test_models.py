@@ -170,9 +170,9 @@ def test_depthwise_lowerings_agree_inside_a_split_round():
   BatchNorm VJP of that form; benchmarks/README.md) while the same product
   compiled alone was right.  GroupNorm: BatchNorm over one- or two-sample
   batches would amplify rounding beyond any tolerance, and without a norm
-  this network barely trains in one round.  Compiled with XLA's default
-  settings, under which that miscompile was seen (the suite's compile
-  faster; conftest.py)."""
+  this network barely trains in one round.  The shifted lowering compiles
+  with XLA's default settings, under which that miscompile was seen; the
+  grouped reference with the suite's, which compile faster (conftest.py)."""
   from conftest import DEFAULT_XLA, make_fed_data
   from loop_reference import make_setup
 
@@ -186,7 +186,8 @@ def test_depthwise_lowerings_agree_inside_a_split_round():
     setup = make_setup(model, data, cut=4)
     state = sfl.init(setup, key)
     rnd = jax.jit(lambda s, k, setup=setup: sfl.round(setup, s, data, k))
-    states.append(rnd.lower(state, key).compile(DEFAULT_XLA)(state, key)[0])
+    options = DEFAULT_XLA if dw == "shifts" else None
+    states.append(rnd.lower(state, key).compile(options)(state, key)[0])
   start, checked = sfl.init(setup, key), 0
   # every depthwise kernel of part-1 and of the server portion trained
   for before, after in ((start.part1, states[0].part1), (start.part2, states[0].part2)):

@@ -29,7 +29,7 @@ def collect(sweep: Sweep):
   """
   from jsfl import report
   progs = programs_on_disk(sweep.root)
-  paths, runs, notes, used = [], set(), [], set()
+  paths, runs, notes = [], set(), []
   for c in sweep.cells:
     if any(os.path.exists(os.path.join(c.dir, m)) for m in reading.RUN_MARKERS):
       paths.append(c.dir)
@@ -40,7 +40,6 @@ def collect(sweep: Sweep):
       notes.append(f"{c.dir}: cell {c.name} not started")
       continue
     src = max(holders, key=lambda p: p.written)
-    used.add(src.dir)
     runs.add(os.path.normpath(os.path.join(src.dir, c.name)))
     if src.dir not in paths:
       paths.append(src.dir)
