@@ -280,8 +280,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "progress": _f(bool, True, "a progress line on stderr: round, accuracy, samples/s "
                         "and the time left at the pace since the first round"),
         "compile_cache": _f(str, "auto", "persistent XLA compilation cache: auto = "
-                            "$JSFL_COMPILE_CACHE, else $XDG_CACHE_HOME/jsfl/xla (~/.cache/"
-                            "jsfl/xla); off; or a directory"),
+                            "$JSFL_COMPILE_CACHE, else $JAX_COMPILATION_CACHE_DIR, else "
+                            "$XDG_CACHE_HOME/jsfl/xla (~/.cache/jsfl/xla); off; or a "
+                            "directory"),
         "max_slots": _f(int, 0, "most slots (seeds, runs) one call of the round program "
                         "trains: jsfl run calls it on chunks of the slots, jsfl sweep cuts "
                         "its programs; 0 = as many as the device's memory holds (jsfl run: "

@@ -256,6 +256,34 @@ def test_the_cache_is_bounded_and_locked_unless_filelock_is_missing(tmp_path, mo
       jax.config.update(k, v)
 
 
+def test_a_users_jax_cache_settings_are_kept(tmp_path, monkeypatch):
+  """A cache the user already keeps through JAX's own variables is the one
+  ``auto`` uses, with their size and smallest-program settings (jsfl
+  replaced all three with its own)."""
+  import jax
+
+  from jsfl.train import compile_cache
+  monkeypatch.delenv("JSFL_COMPILE_CACHE", raising=False)
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "theirs"))
+  assert compile_cache.cache_dir("auto") == str(tmp_path / "theirs")
+  monkeypatch.setenv("JSFL_COMPILE_CACHE", "off")  # jsfl's own variable still rules
+  assert compile_cache.cache_dir("auto") is None
+  keys = ("jax_compilation_cache_dir", "jax_compilation_cache_max_size",
+          "jax_persistent_cache_min_compile_time_secs")
+  before = {k: getattr(jax.config, k) for k in keys}
+  try:
+    jax.config.update("jax_compilation_cache_max_size", 123)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 7.0)
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_MAX_SIZE", "123")
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "7")
+    assert compile_cache.enable(str(tmp_path / "c")) == str(tmp_path / "c")
+    assert jax.config.jax_compilation_cache_max_size == 123
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 7.0
+  finally:
+    for k, v in before.items():
+      jax.config.update(k, v)
+
+
 def test_a_rejected_run_makes_no_cache_directory_and_a_bad_one_is_one_warning(
     tmp_path, capsys):
   """JAX makes the cache directory at its first compilation: a run rejected

@@ -7,8 +7,13 @@ load the executable from disk (the measured times: ``benchmarks/README.md``,
 "compile_cache.py").
 
 Where: ``exec.compile_cache`` = ``auto`` takes ``$JSFL_COMPILE_CACHE`` if set,
-else ``$XDG_CACHE_HOME/jsfl/xla`` (``~/.cache/jsfl/xla``); ``off`` (or the
-variable set to ``off``) disables it; any other value is the directory.
+else JAX's own ``$JAX_COMPILATION_CACHE_DIR`` (a cache the user already
+keeps, e.g. on a cluster's shared disk), else ``$XDG_CACHE_HOME/jsfl/xla``
+(``~/.cache/jsfl/xla``); ``off`` (or ``$JSFL_COMPILE_CACHE`` set to ``off``)
+disables it; any other value is the directory.  JAX's own variables for the
+cache's size and smallest program
+(``JAX_COMPILATION_CACHE_MAX_SIZE``, ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``)
+are left as the user set them.
 
 Size and sharing: the directory holds at most :data:`MAX_BYTES`, the least
 recently used programs evicted first, and every read and write of an entry
@@ -47,7 +52,8 @@ def _has_filelock() -> bool:
 def cache_dir(setting: str = "auto") -> str | None:
   """The directory ``setting`` names, or None when the cache is off."""
   if setting == "auto":
-    setting = os.environ.get("JSFL_COMPILE_CACHE", "auto")
+    setting = (os.environ.get("JSFL_COMPILE_CACHE")
+               or os.environ.get("JAX_COMPILATION_CACHE_DIR") or "auto")
   if setting == "off":
     return None
   if setting == "auto" or not setting:
@@ -93,6 +99,8 @@ def enable(setting: str = "auto") -> str | None:
             file=sys.stderr, flush=True)
       return None
   jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
-  jax.config.update("jax_compilation_cache_max_size", MAX_BYTES if _has_filelock() else -1)
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
+  if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES if _has_filelock() else -1)
   return path
