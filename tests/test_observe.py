@@ -238,6 +238,15 @@ def test_info_prints_the_backend_and_what_auto_resolves_to(capsys):
   assert capsys.readouterr().err.startswith("jsfl: error: run.seeds=0")
 
 
+def test_info_says_when_the_compile_cache_is_unusable(tmp_path, monkeypatch, capsys):
+  """As a run would find it: a file where the directory should be."""
+  (tmp_path / "file").write_text("")
+  monkeypatch.setenv("JSFL_COMPILE_CACHE", str(tmp_path / "file"))
+  assert cli.main(["info"]) == 0
+  assert (f"compile cache: {tmp_path / 'file'} (unusable: it is not a directory; runs "
+          "compile without it)") in capsys.readouterr().out
+
+
 def test_the_cache_is_bounded_and_locked_unless_filelock_is_missing(tmp_path, monkeypatch):
   import jax
 

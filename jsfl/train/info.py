@@ -59,7 +59,7 @@ def machine_lines() -> list[str]:
       f"{'es' * (jax.process_count() > 1)})",
       *[_device_line(d) for d in devs],
       f"host: {os.cpu_count()} CPU cores" + (f", {_gib(host)} memory" if host else ""),
-      f"compile cache: {compile_cache.cache_dir() or 'off'}",
+      f"compile cache: {_cache_text(compile_cache.cache_dir())}",
       f"GPU allocator: {allocator.describe()}",
   ]
   if jax.default_backend() == "cpu":
@@ -105,8 +105,16 @@ def config_lines(cfg: dict) -> list[str]:
       f"{default_client_pass() if x['client_pass'] == 'auto' else x['client_pass']}",
       f"  exec.precision = {x['precision']}",
       f"  exec.compile_cache = {x['compile_cache']} -> "
-      f"{compile_cache.cache_dir(x['compile_cache']) or 'off'}",
+      f"{_cache_text(compile_cache.cache_dir(x['compile_cache']))}",
   ]
+
+
+def _cache_text(path: str | None) -> str:
+  """The cache directory as a run would use it: off, or why it cannot."""
+  if path is None:
+    return "off"
+  why = compile_cache.unusable(path)
+  return path if why is None else f"{path} (unusable: {why}; runs compile without it)"
 
 
 def memory_lines(cfg: dict) -> list[str]:
