@@ -5,9 +5,13 @@ split at ``floor(cumsum(q) * n_l)``.  The whole draw is repeated while some
 client holds fewer than ``min_size`` samples, at most :data:`MAX_ATTEMPTS`
 times (docs/setting.md#partitions).
 
-Departure from Flower: with ``self_balancing`` a client is capped once it holds
-more than N/K samples (docs/setting.md#partitions), not more than the running mean of the samples
-assigned so far as in Flower's code.
+With ``self_balancing`` a client is capped once it holds more than N/K
+samples (docs/setting.md#partitions), as in Flower's code.  Departures from
+the MultiSFL authors' split (``utils/dataset_utils.py:71``), which caps a
+client already at N/K (``<`` where this has ``>``) and, like Flower, gives a
+cut's rounding remainder to the last client even when it is capped (here:
+the last client with a share): the splits differ where a client holds
+exactly N/K, e.g. one whole class at K = L.
 """
 
 from __future__ import annotations

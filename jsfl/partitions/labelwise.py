@@ -13,6 +13,12 @@ ascending indices, one generator for all labels in label order, so with the
 same labels and seed this returns exactly the authors' client index sets
 (their code draws with seed 2020 for every run: ``partition.seed = 2020``).
 That is why this family takes the seed itself rather than a NumPy generator.
+
+With two dominant clients a label (their CIFAR-10 sharding) this leads label
+l at clients ``l mod K`` and ``l - 1 mod K``; their code compares the client
+with the label itself (``get_data.py:462``), so with more than 10 labels
+their labels 10 and up have no dominant client.  At L = K = 10, their only
+use, the two are the same.
 """
 
 from __future__ import annotations
