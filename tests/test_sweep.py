@@ -744,6 +744,9 @@ def test_collect_reads_a_cell_from_the_program_that_trained_it_last(tmp_path, mo
   assert f"note: {old} holds training of optim.lr=0.01, optim.lr=0.02 from another plan" in out
   monkeypatch.setattr(Progress, "update", real_update)
   assert len(programs_on_disk(sw.root)) == 2
+  assert cli.main(["sweep", path, "--dry-run"]) == 0
+  assert (f"note: {old} holds training of optim.lr=0.01, optim.lr=0.02 from another plan of "
+          "this sweep; not continued") in capsys.readouterr().out
   assert cli.main(["sweep", path, "--collect"]) == 0
   out = capsys.readouterr().out
   rows = [line.split("|") for line in out.splitlines() if line.startswith("| sfl")]
