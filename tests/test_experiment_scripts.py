@@ -67,6 +67,11 @@ def test_a_branch_without_changes_retrains_the_rounds_the_run_trained(tmp_path):
     with open(os.path.join(d, "metrics.jsonl")) as f:
       return [{k: v for k, v in json.loads(line).items() if k != "wall_s"} for line in f]
   assert records(branch) == records(run) and len(records(run)) == 8
+
+  def run_id(d):  # a tracker continues a run by it: the branch is another run
+    with open(os.path.join(d, "config.json")) as f:
+      return json.load(f)["run_id"]
+  assert run_id(branch) != run_id(run)
   p = subprocess.run([sys.executable, script, "compare", branch, run, "--from", "2"],
                      capture_output=True, text=True, check=False)
   assert p.returncode == 0, p.stderr

@@ -34,6 +34,7 @@ import os
 import shutil
 import statistics
 import sys
+import uuid
 
 
 def _fail(line: str) -> None:
@@ -81,6 +82,7 @@ def make(args) -> None:
     cfg[section][field] = _value(text)
   cfg["run"]["rounds"] = args.rounds or at + 30
   cfg["run"]["dir"] = dst
+  stored["run_id"] = uuid.uuid4().hex  # another run to its trackers than the one it left
   os.makedirs(os.path.join(dst, "checkpoints"))
   shutil.copytree(ckpt, os.path.join(dst, "checkpoints", str(at)))
   shutil.copy(os.path.join(src, "partition.json"), dst)
