@@ -95,7 +95,6 @@ def make_setup(args, clients, client_exec=None, conv_impl=None, depthwise_impl=N
 def bench_jsfl(args, clients, seeds, seed_exec=None, **setup_kw):
   """jsfl's round; loops and lowerings as ``jsfl run`` picks them unless given."""
   seed_exec = seed_exec or default_seed_exec()
-  setup_kw["client_exec"] = setup_kw.get("client_exec") or default_client_exec(clients)
   setup = make_setup(args, clients, **setup_kw)
   data, seed_data = workload(args, clients, seeds)
 
@@ -109,7 +108,7 @@ def bench_jsfl(args, clients, seeds, seed_exec=None, **setup_kw):
   first, t = _timed(lambda: rnd(state, seed_data, keys, data), args.repeats)
   return {"first_call_s": first, "round_s": t,
           "samples_per_s": seeds * clients * args.steps * args.batch / t,
-          "client_exec": setup_kw["client_exec"], "seed_exec": seed_exec}
+          "client_exec": setup.client_exec, "seed_exec": seed_exec}
 
 
 def bench_loop(args, clients, seeds):

@@ -15,7 +15,7 @@ from jsfl.sweep.format import SweepError, load_sweep, parse_shard, resolve
 from jsfl.sweep.plan import (
   Unit,
   config_diff,
-  other_programs,
+  other_program_notes,
   pending,
   plan,
   seed_text,
@@ -162,10 +162,8 @@ def print_plan(sweep, mine, programs, shard_in, log) -> None:
       elif st == "done" and (diff := config_diff(c.dir, c.cfg)):
         note += f"  with another config ({', '.join(diff)}; delete it to rerun)"
       log(f"  {st:<8} {c.name:<{width}}{note}".rstrip())
-    for p in other_programs(u):
-      held = ", ".join(n for n in p.cells if n in {c.name for c in u.cells})
-      log(f"  note: {p.dir} holds training of {held} from another plan of this sweep; "
-          "not continued (delete it to free its disk)")
+    for line in other_program_notes(u):
+      log(line)
   cap = {u.cells[0].cfg["exec"]["max_slots"] for u in programs}
   if cap == {0}:
     log("(exec.max_slots = 0: a program too large for the device's memory is cut when "

@@ -20,7 +20,7 @@ from jsfl.sweep.plan import (
   finished,
   finished_run,
   has_progress,
-  other_programs,
+  other_program_notes,
   plan,
   read_json,
   same_cells,
@@ -239,12 +239,8 @@ def run_units(sweep: Sweep, units: list[Unit], log) -> list[str]:
     log(f"[{i + 1}/{len(units)}] {len(u.cells)} cells ({u.slots} slots of one program): "
         f"{names}" if u.batched else
         f"[{i + 1}/{len(units)}] {names}: seeds {seed_text(unit_seeds(u))}")
-    for p in other_programs(u):
-      held = ", ".join(n for n in p.cells if n in {c.name for c in u.cells})
-      log(f"  note: {p.dir} holds training of {held} from another plan of this sweep "
-          "(its grid, cell names, exec.max_slots, --per-cell or shard count changed); "
-          "it is not continued, --collect reads these cells from here once this writes; "
-          "delete it to free its disk")
+    for line in other_program_notes(u):
+      log(line)
     if u.batched:  # which cells a program holds, for --collect while it runs
       rundir.write_json_atomic(u.dir + ".json", {"cells": [c.name for c in u.cells]})
     try:

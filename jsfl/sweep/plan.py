@@ -151,6 +151,16 @@ def other_programs(unit: Unit) -> list[ProgramOnDisk]:
       unit.dir) and p.has_training and names & set(p.cells)]
 
 
+def other_program_notes(unit: Unit) -> list[str]:
+  """One line per :func:`other_programs` of ``unit``, for the sweep's log
+  and ``--dry-run``."""
+  names = {c.name for c in unit.cells}
+  return [f"  note: {p.dir} holds training of {', '.join(n for n in p.cells if n in names)} "
+          "from another plan of this sweep; not continued, --collect reads these cells "
+          "from the newer program (delete it to free its disk)"
+          for p in other_programs(unit)]
+
+
 def batch_dir(root: str, cells: list[Cell]) -> str:
   digest = hashlib.sha1("\n".join(c.name for c in cells).encode()).hexdigest()[:12]
   return os.path.join(root, BATCH_PREFIX + digest)
