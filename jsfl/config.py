@@ -395,9 +395,11 @@ PADDING_SENSITIVE_MODELS = ("mobilenet_v1", "mobilenet_v2", "resnet18")
 def as_it_ran(stored: dict) -> dict:
   """A stored config (config.json's ``config``) with the keys added since it
   was written set to what its run computed: where the new default differs
-  (:data:`PADDING_SENSITIVE_MODELS`), and where a config asking for
-  something else must not match it (``optim.clip_norm``: a run from before
-  the key clipped nothing); a copy, the input is left as it is."""
+  (:data:`PADDING_SENSITIVE_MODELS`; a self-balancing Dirichlet
+  partition's ``cap_rule``, "exceeded" before the option), and where a
+  config asking for something else must not match it (``optim.clip_norm``:
+  a run from before the key clipped nothing); a copy, the input is left as
+  it is."""
   stored = copy.deepcopy(stored)
   model = stored.get("model")
   if (isinstance(model, dict) and "padding" not in model
@@ -406,7 +408,26 @@ def as_it_ran(stored: dict) -> dict:
   optim = stored.get("optim")
   if isinstance(optim, dict) and "clip_norm" not in optim:
     optim["clip_norm"] = 0.0
+  part = stored.get("partition")
+  if isinstance(part, dict) and _self_balancing_dirichlet(part) and "cap_rule" not in part:
+    part["cap_rule"] = "exceeded"
   return stored
+
+
+def _self_balancing_dirichlet(part: dict) -> bool:
+  return (part.get("self_balancing") is True
+          and part.get("name", SCHEMA["partition"]["name"].default) == "dirichlet")
+
+
+def _pin_changed_defaults(cfg: dict) -> None:
+  """Owner options whose default changed, written into the resolved config
+  (so into every new ``config.json``), so that :func:`as_it_ran` tells a run
+  of the new default from one written before the option existed: the
+  self-balancing Dirichlet's ``cap_rule`` (the MultiSFL authors' "reached"
+  since 2026-11-29, "exceeded" before)."""
+  part = cfg["partition"]
+  if _self_balancing_dirichlet(part):
+    part.setdefault("cap_rule", "reached")
 
 
 def resolve(raw: dict) -> dict:
@@ -435,6 +456,7 @@ def resolve(raw: dict) -> dict:
         raise _unknown(where, key, SCHEMA[section])
   _check_ranges(cfg)
   _check_method_options(cfg)
+  _pin_changed_defaults(cfg)
   return cfg
 
 

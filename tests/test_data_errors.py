@@ -338,6 +338,7 @@ _Y = np.repeat(np.arange(10), 40)
     *[("dirichlet", "min_size", v) for v in (math.nan, math.inf, -1, 1.5, 10**12, True,
                                              None)],
     *[("dirichlet", "self_balancing", v) for v in (0, 1, "true", math.nan, None)],
+    *[("dirichlet", "cap_rule", v) for v in ("above", "", 1, True, math.nan, None)],
     *[("dominant_label", "p", v) for v in (math.nan, math.inf, -0.5, 0, 1.5, 1e300,
                                            True, None)],
     *[("dominant_label", "phi", v) for v in (math.nan, 0, -1, 1.5, 2**31, True)],

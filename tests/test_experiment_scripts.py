@@ -1,6 +1,7 @@
 """The measuring scripts run against the library as it is: those of
-experiments/sequential/ on a tiny synthetic config (one or two rounds), and
-every jsfl import of every script in benchmarks/ and experiments/ resolves."""
+experiments/sequential/ on a tiny synthetic config (one or two rounds),
+experiments/multisfl/cap_rule.py on a few seeds, and every jsfl import of
+every script in benchmarks/ and experiments/ resolves."""
 
 import ast
 import importlib
@@ -8,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ = os.path.join(REPO, "experiments", "sequential")
@@ -141,3 +144,19 @@ def test_the_import_check_sees_function_level_imports(tmp_path):
   script = tmp_path / "s.py"
   script.write_text(f"def main():\n  from {gone} import run\n  import {nowhere}\n")
   assert list(_jsfl_imports(str(script))) == [(2, gone, "run"), (3, nowhere, None)]
+
+
+@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
+                    reason="dataset-fashion-mnist is not installed")
+def test_cap_rule_counts_the_samples_the_two_rules_move(tmp_path):
+  script = os.path.join(REPO, "experiments", "multisfl", "cap_rule.py")
+  p = subprocess.run([sys.executable, script, "--seeds", "4", "--alphas", "0.5",
+                      "--out", str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                     check=False)
+  assert p.returncode == 0, p.stderr[-2000:]
+  (name,) = os.listdir(tmp_path)
+  with open(tmp_path / name) as f:
+    (row,) = json.load(f)["rows"]
+  assert row["seeds"] == 4 and len(row["moved_per_seed"]) == 4 and row["samples"] == 60000
+  assert row["seeds_differing"] == sum(m > 0 for m in row["moved_per_seed"])
+  assert "alpha 0.5: " in p.stdout

@@ -1,5 +1,9 @@
 """Tests of jsfl.partitions (docs/setting.md#partitions)."""
 
+import gzip
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -170,17 +174,97 @@ def test_dirichlet_min_size_and_heterogeneity():
   assert np.mean(iid_counts == 0) < 0.05
 
 
-def test_dirichlet_self_balancing_caps_clients():
+@pytest.mark.parametrize("rule", dirichlet_mod.CAP_RULES)
+def test_dirichlet_self_balancing_caps_clients(rule):
   k = 20
   parts = P.make_partition("dirichlet", Y, k, seed=1, alpha=0.2,
-                           self_balancing=True)
+                           self_balancing=True, cap_rule=rule)
   counts = P.label_counts(parts, Y, L)
   cum = np.cumsum(counts, axis=1)
-  # Once above N/K after class l, a client gets nothing of classes > l.
+  # Once at (reached) or above (exceeded) N/K after class l, a client gets
+  # nothing of classes > l; under "reached" but the last client's share of
+  # a cut's rounding, as the authors' code gives it (its float sum of the
+  # others' proportions may fall a sample short of the class).
   after_cap = np.zeros_like(counts, dtype=bool)
-  after_cap[:, 1:] = cum[:, :-1] > N / k
+  after_cap[:, 1:] = cum[:, :-1] >= N / k if rule == "reached" else cum[:, :-1] > N / k
   assert after_cap.any()
-  assert np.all(counts[after_cap] == 0)
+  assert np.all(counts[:-1][after_cap[:-1]] == 0)
+  assert np.all(counts[-1][after_cap[-1]] <= (1 if rule == "reached" else 0))
+
+
+def authors_split(labels, k, rng, alpha, min_size=10):
+  """The MultiSFL authors' Dirichlet split (``separate_data`` in their
+  utils/dataset_utils.py), written out list by list as they compute it,
+  drawing its randomness from ``rng`` in the order jsfl draws it (each
+  class shuffled once, then the proportions class by class, draw after
+  draw): a client holding N/K samples or more gets proportion 0, the
+  proportions are renormalised, cut at ``int(cumsum * n_l)`` and the last
+  client takes what is left."""
+  n = len(labels)
+  shuffled = [rng.permutation(np.flatnonzero(labels == c)) for c in range(labels.max() + 1)]
+  while True:
+    held = [[] for _ in range(k)]
+    for idx in shuffled:
+      props = rng.dirichlet(np.repeat(alpha, k))
+      props = np.array([p * (len(h) < n / k) for p, h in zip(props, held)])
+      props = props / props.sum()
+      cuts = (np.cumsum(props) * len(idx)).astype(int)[:-1]
+      held = [h + piece.tolist() for h, piece in zip(held, np.split(idx, cuts))]
+    if min(len(h) for h in held) >= min_size:
+      return [np.sort(np.array(h, dtype=np.int64)) for h in held]
+
+
+def test_dirichlet_self_balancing_is_the_multisfl_authors_split():
+  """Given the same draws, ``cap_rule = "reached"`` gives the authors' index
+  sets: at K = L with whole classes of N/K samples (a client given a whole
+  class is closed there, open under "exceeded"), at K = 30 and at the
+  authors' 100 clients; "exceeded" differs on some of these seeds."""
+  differs = 0
+  for labels, k, alpha in ((np.repeat(np.arange(L), 100), L, 0.1),
+                           (balanced_labels(per_class=300), 30, 0.1),
+                           (balanced_labels(per_class=300), 100, 0.5)):
+    for seed in range(12):
+      want = authors_split(labels, k, np.random.default_rng(seed), alpha)
+      got = dirichlet_mod.dirichlet(labels, k, L, np.random.default_rng(seed), alpha=alpha,
+                                    self_balancing=True)
+      assert [p.tolist() for p in got] == [p.tolist() for p in want], (k, alpha, seed)
+      old = dirichlet_mod.dirichlet(labels, k, L, np.random.default_rng(seed), alpha=alpha,
+                                    self_balancing=True, cap_rule="exceeded")
+      differs += any(len(a) != len(b) or np.any(a != b) for a, b in zip(old, want))
+  assert differs > 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
+                    reason="dataset-fashion-mnist is not installed")
+def test_a_committed_self_balancing_run_redraws_as_it_ran():
+  """The MultiSFL authors'-setting runs committed before ``cap_rule`` are
+  redrawn label count for label count by their stored config as
+  :func:`jsfl.config.as_it_ran` reads it; today's default moves samples
+  on some of their seeds."""
+  from jsfl import config as config_lib
+  from jsfl.data import load_dataset
+  run = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                     "experiments", "multisfl", "results", "authors", "method=splitfedv1")
+  with open(os.path.join(run, "config.json")) as f:
+    stored = json.load(f)["config"]
+  assert "cap_rule" not in stored["partition"]
+  part = config_lib.as_it_ran(stored)["partition"]
+  with gzip.open(os.path.join(run, "partition.json.gz"), "rt") as f:
+    seeds = json.load(f)["seeds"]
+  y = load_dataset("fashion_mnist").y_train
+  extra = {k: v for k, v in part.items() if k not in ("name", "num_clients", "seed",
+                                                        "train_size", "train_split_seed")}
+  moved = 0
+  for rec in seeds:
+    for rule, expect in (("exceeded", True), ("reached", None)):
+      got = P.label_counts(P.make_partition("dirichlet", y, part["num_clients"], seed=rec["seed"],
+                                            num_classes=10, **{**extra, "cap_rule": rule}), y, 10)
+      same = np.array_equal(got, np.asarray(rec["label_counts"]))
+      if expect:
+        assert same, rec["seed"]
+      else:
+        moved += not same
+  assert moved > 0
 
 
 def test_natural_partition():
@@ -233,7 +317,7 @@ def test_partitions_registry_defaults_are_used():
     ("iid", Y, 10, {"alpha": 1.0},
      r"unknown option\(s\) alpha .*allowed: none"),
     ("dirichlet", Y, 10, {"beta": 1.0},
-     r"unknown option\(s\) beta .*allowed: alpha, min_size, self_balancing"),
+     r"unknown option\(s\) beta .*allowed: alpha, cap_rule, min_size, self_balancing"),
     ("dirichlet", Y, 10, {"alpha": "big"}, r"dirichlet.alpha='big'"),
     ("dirichlet", Y, 10, {"min_size": 2.5}, r"dirichlet.min_size=2.5"),
     ("dirichlet", Y, 10, {"self_balancing": 1}, r"self_balancing=1"),

@@ -920,6 +920,32 @@ def test_a_config_from_before_optim_clip_norm_clipped_nothing(tmp_path):
   assert resumed["optim"]["clip_norm"] == 0.0
 
 
+def test_a_self_balancing_dirichlet_from_before_cap_rule_capped_above_the_share(tmp_path):
+  """A self-balancing Dirichlet run stored before ``partition.cap_rule``
+  closed a client only above N/K: it is not a run of today's default (the
+  MultiSFL authors' rule, written into every new config) and resumes with
+  the rule it ran; other partitions are left alone."""
+  from jsfl import config as config_lib
+  from jsfl.train import lifecycle
+  cfg = config_lib.load_config(None, ["partition.name=dirichlet", "partition.self_balancing=true"])
+  assert cfg["partition"]["cap_rule"] == "reached"
+  old = json.loads(json.dumps(cfg))
+  del old["partition"]["cap_rule"]
+  run = tmp_path / "cell"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"config": old}))
+  assert sweep.config_diff(str(run), cfg) == ["partition.cap_rule"]
+  resumed, _ = lifecycle.read_run_config(str(run), None)
+  assert resumed["partition"]["cap_rule"] == "exceeded"
+  cfg["partition"]["cap_rule"] = "exceeded"
+  assert sweep.config_diff(str(run), cfg) == []
+  for overrides in (["partition.name=dirichlet"], ["partition.name=flower_dirichlet",
+                                                   "partition.self_balancing=true"]):
+    plain = config_lib.load_config(None, overrides)
+    assert "cap_rule" not in plain["partition"]
+    assert "cap_rule" not in config_lib.as_it_ran(plain)["partition"]
+
+
 def test_a_program_has_progress_only_with_a_checkpoint_of_these_cells(tmp_path):
   """An empty checkpoints/ (made at the start, before round 1's save) is no
   progress, nor is one of cells configured otherwise: such a program is

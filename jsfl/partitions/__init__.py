@@ -6,8 +6,10 @@ partitions, which keep the order Flower hands a client its samples in).
 Methods and their options, with defaults:
 
 * ``iid``: shuffle and split into K near-equal parts.
-* ``dirichlet(alpha=0.5, min_size=10, self_balancing=False)``: per-class
-  ``Dir(alpha * 1_K)`` split, resampled until every client has ``min_size``.
+* ``dirichlet(alpha=0.5, min_size=10, self_balancing=False,
+  cap_rule="reached")``: per-class ``Dir(alpha * 1_K)`` split, resampled
+  until every client has ``min_size``; self-balancing closes a client at
+  N/K as the MultiSFL authors' code (``cap_rule="exceeded"``: above N/K).
 * ``dominant_label(p=0.8, phi=None)``: Hydra's p%-DL on K = L * phi clients;
   label l is dominant at clients ``l*phi .. l*phi + phi - 1``.
 * ``sharding(p=0.8, labels_per_client=2, phi=None)``: Hydra's custom sharding;
@@ -87,6 +89,7 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
         "alpha": (float, 0.5),
         "min_size": (int, 10),
         "self_balancing": (bool, False),
+        "cap_rule": (str, "reached"),
     },
     "dominant_label": {"p": (float, 0.8), "phi": (int, None)},
     "sharding": {
@@ -118,7 +121,7 @@ PARTITIONS: dict[str, dict[str, tuple[type, object]]] = {
 # Flower Datasets' partitioners, which the data pass through FederatedDataset.
 FLOWER = ("distribution", "flower_dirichlet", "flower_shard", "flower_iid")
 
-_TYPE_NAMES = {int: "an int", float: "a float", bool: "true/false"}
+_TYPE_NAMES = {int: "an int", float: "a float", bool: "true/false", str: "a string"}
 
 
 def _check_option(name: str, key: str, typ: type, value):
@@ -135,6 +138,8 @@ def _check_option(name: str, key: str, typ: type, value):
   is_bool = isinstance(value, (bool, np.bool_))
   if typ is bool:
     ok = is_bool
+  elif typ is str:
+    ok = isinstance(value, str)
   elif typ is int:
     ok = isinstance(value, numbers.Integral) and not is_bool
   else:

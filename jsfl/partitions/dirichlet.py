@@ -5,13 +5,20 @@ split at ``floor(cumsum(q) * n_l)``.  The whole draw is repeated while some
 client holds fewer than ``min_size`` samples, at most :data:`MAX_ATTEMPTS`
 times (docs/setting.md#partitions).
 
-With ``self_balancing`` a client is capped once it holds more than N/K
-samples (docs/setting.md#partitions), as in Flower's code.  Departures from
-the MultiSFL authors' split (``utils/dataset_utils.py:71``), which caps a
-client already at N/K (``<`` where this has ``>``) and, like Flower, gives a
-cut's rounding remainder to the last client even when it is capped (here:
-the last client with a share): the splits differ where a client holds
-exactly N/K, e.g. one whole class at K = L.
+With ``self_balancing`` a client that holds its even share N/K gets no share
+of the later classes (docs/setting.md#partitions).  ``cap_rule`` says when a
+client holds it and where a cut's rounding remainder goes:
+
+* ``"reached"`` (the default): closed at ``size >= N/K``, the remainder to the
+  last client, as the MultiSFL authors' ``separate_data``
+  (``utils/dataset_utils.py``) computes it, float for float: given the same
+  Dirichlet draws, the same counts.
+* ``"exceeded"``: closed only above N/K (Flower's comparison), the remainder
+  to the last client with a share; the rule of every self-balancing run
+  whose stored config has no ``cap_rule`` (``jsfl.config.as_it_ran``).
+
+The two differ where a client holds exactly N/K (one whole class at K = L)
+or a capped last client would take the remainder.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import numpy as np
 from jsfl.partitions.iid import class_indices, split_by_owner
 
 MAX_ATTEMPTS = 1000
+CAP_RULES = ("reached", "exceeded")
 
 
 def split_counts(q: np.ndarray, n: int) -> np.ndarray:
@@ -41,10 +49,20 @@ def split_counts(q: np.ndarray, n: int) -> np.ndarray:
   return np.diff(cuts, prepend=0)
 
 
+def remainder_to_last(q: np.ndarray, n: int) -> np.ndarray:
+  """Sample counts of cutting n items at ``floor(cumsum(q) * n)`` for the
+  first K - 1 clients, the rest to client K whatever its q: the arithmetic
+  of ``separate_data`` (its ``.astype(int)`` truncates, as floor does here
+  for these non-negative values)."""
+  cuts = np.minimum(np.floor(np.cumsum(q)[:-1] * n).astype(np.int64), n)
+  return np.diff(np.concatenate([cuts, [n]]), prepend=0)
+
+
 def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
               rng: np.random.Generator, *, alpha: float = 0.5,
               min_size: int = 10,
-              self_balancing: bool = False) -> list[np.ndarray]:
+              self_balancing: bool = False,
+              cap_rule: str = "reached") -> list[np.ndarray]:
   """Label-Dirichlet partition with bounded resampling.
 
   Args:
@@ -54,22 +72,27 @@ def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
     rng: the partition's random generator.
     alpha: Dirichlet concentration (> 0); smaller is more heterogeneous.
     min_size: every client must end with at least this many samples (>= 0).
-    self_balancing: give probability 0 to clients already holding more than
-      N/K samples when later classes are split.
+    self_balancing: give probability 0 to clients already holding their
+      share N/K when later classes are split.
+    cap_rule: one of :data:`CAP_RULES` (module docstring); read only with
+      ``self_balancing``.
 
   Returns:
     K disjoint int64 index arrays covering all N samples, each of size
     >= min_size.
 
   Raises:
-    ValueError: alpha <= 0, min_size < 0, min_size * K > N, or no draw met
-      min_size within MAX_ATTEMPTS attempts.
+    ValueError: alpha <= 0, min_size < 0, min_size * K > N, an unknown
+      cap_rule, or no draw met min_size within MAX_ATTEMPTS attempts.
   """
   n = len(labels)
   if not (np.isfinite(alpha) and alpha > 0):
     raise ValueError(f"dirichlet.alpha={alpha}; allowed: a finite float > 0")
   if min_size < 0:
     raise ValueError(f"dirichlet.min_size={min_size}; allowed: an int >= 0")
+  if cap_rule not in CAP_RULES:
+    raise ValueError(f"dirichlet.cap_rule={cap_rule!r}; allowed: "
+                     f"{', '.join(map(repr, CAP_RULES))}")
   if min_size * num_clients > n:
     raise ValueError(
         f"dirichlet.min_size={min_size} with num_clients={num_clients} needs "
@@ -86,12 +109,16 @@ def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int,
     for idx in by_class:
       q = rng.dirichlet(conc)
       if self_balancing:
-        q = np.where(sizes > cap, 0.0, q)
+        open_ = sizes < cap if cap_rule == "reached" else sizes <= cap
+        q = np.where(open_, q, 0.0)
         total = q.sum()
         # Sizes sum to < N while classes remain, so some client is always
-        # below the cap; a zero total can only be underflow of a tiny alpha.
-        q = q / total if total > 0 else (sizes <= cap) / np.sum(sizes <= cap)
-      counts = split_counts(q, len(idx))
+        # open; a zero total can only be underflow of a tiny alpha.
+        q = q / total if total > 0 else open_ / np.sum(open_)
+      if self_balancing and cap_rule == "reached":
+        counts = remainder_to_last(q, len(idx))
+      else:
+        counts = split_counts(q, len(idx))
       owner[idx] = np.repeat(np.arange(num_clients), counts)
       sizes += counts
     smallest = int(sizes.min())
