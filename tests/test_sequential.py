@@ -565,6 +565,7 @@ def test_sfedkd_equals_loop():
   # Logged decisions: no teachers in round 1, then the greedy teachers and
   # every student's weights.
   assert metrics[0]["teachers"].tolist() == [-1] * KD["m"]
+  assert metrics[0]["teacher_pos"].tolist() == [-1] * KD["m"]
   for m, (teachers, w_tc, w_nc) in zip(metrics[1:], logs):
     assert m["teachers"].tolist() == np.asarray(teachers).tolist()  # pick order
     np.testing.assert_allclose(m["teacher_weights_tc"], w_tc, rtol=1e-4)
@@ -743,6 +744,17 @@ def test_kd_baseline_weights_hand_computed():
   # Every teacher one-hot (no entropy): EBKD's weights are 1/M, finite.
   sharp = jnp.asarray([[[200.0, 0.0]], [[0.0, 200.0]]])
   np.testing.assert_allclose(sfedkd.kd_teacher_weights(sharp, y, "ebkd"), [[0.5], [0.5]])
+  # Per sample, not per batch: two teachers that swap being sure and unsure
+  # between two samples swap weights (a batch mean would give 1/2 each).
+  # EBKD: H = 0.325083 (0.9, 0.1) against ln 2, w = 1 - H / sum = 0.680737
+  # and 0.319263; CA-MKD (labels 0, 0): exp(CE) = 10/9 and 2, softmax
+  # (5, 9) / 14, w = 1 - softmax = 9/14 and 5/14.
+  swap = jnp.log(jnp.asarray([[[0.9, 0.1], [0.5, 0.5]], [[0.5, 0.5], [0.9, 0.1]]]))
+  y2 = jnp.array([0, 0])
+  np.testing.assert_allclose(sfedkd.kd_teacher_weights(swap, y2, "ebkd"),
+                             [[0.680737, 0.319263], [0.319263, 0.680737]], atol=2e-6)
+  np.testing.assert_allclose(sfedkd.kd_teacher_weights(swap, y2, "camkd"),
+                             np.array([[9, 5], [5, 9]]) / 14, rtol=1e-5)
 
 
 def test_kd_baseline_loss_hand_computed():

@@ -92,8 +92,8 @@ config key under ``[method]`` (see ``SFedKDOptions``), so the paper's ablations
 (teacher number, random selection, equal weights, metric) are configs.
 
 Logged per round (metrics): ``teachers`` (M,) client ids of the selected
-teachers (-1 in round 1), ``teacher_pos`` (M,) their positions in the
-previous round's sequence, ``teacher_weights_tc`` / ``teacher_weights_nc``
+teachers, ``teacher_pos`` (M,) their positions in the previous round's
+sequence (both -1 in round 1), ``teacher_weights_tc`` / ``teacher_weights_nc``
 (n, M): the weights of each student (rows in sequence order), and
 ``reg_loss`` (mean ``alpha_t TCKD + beta_t NCKD``, or ``kd_weight KD``).  The
 weights are logged with ``kd_loss = "dkd"`` only (the baselines' are per
@@ -601,7 +601,7 @@ def finish(setup: Setup, state: State, out: sequential.SequenceRound):
     t = out.plan.context
     w_tc, w_nc, _ = out.context
     metrics.update(teachers=jnp.where(t.on > 0, state.prev_clients[t.pos], -1),
-                   teacher_pos=t.pos)
+                   teacher_pos=jnp.where(t.on > 0, t.pos, -1))
     # the round's own traffic: round 1 sends no teachers
     up, down = round_bytes(setup, t.on)
     metrics.update(bytes_up=jnp.asarray(up, jnp.float32), bytes_down=down)
