@@ -55,10 +55,11 @@ MERGE_GRADS = ("client_mean", "merged")
 @option_set
 class MergeSFLOptions:
   grad_scale: str = option("client_mean", "cut-layer gradient a client gets back: "
-                           "client_mean = that of its own batch's mean loss (the authors' "
-                           "code: the merged gradient times the step's samples over the "
-                           "client's own), merged = its share of the "
-                           "merged batch's mean loss", choices=MERGE_GRADS)
+                           "client_mean = that of its own batch's mean loss (the merged "
+                           "gradient times the step's samples over the client's own; the "
+                           "authors' code scales by the nominal batch sizes, the same "
+                           "with full batches, and fails on a short one), merged = its "
+                           "share of the merged batch's mean loss", choices=MERGE_GRADS)
   part1_copies: int = option(10, "part-1 copies per client, used round robin over its "
                              "batches, only the last one averaged at round end (the "
                              "authors' code, whose default is 10: with fewer than 10 "
