@@ -69,6 +69,8 @@ def write_cifar(root: pathlib.Path, name: str, archive: bool = True, *, n_train=
     blobs[m] = pickle.dumps(d, protocol=2)
     if damage == "pickle" and i == 0:
       blobs[m] = b"\x80\x02cos\nsystem\nq\x00X\x04\x00\x00\x00truer\x85R."
+    if damage == "huge_claim" and i == 0:  # a damaged length: more bytes than exist
+      blobs[m] = b"\x80\x05\x96" + (2**63 + 5).to_bytes(8, "little")
     xs[split].append(x)
     ys[split].append(y)
   meta = {b"label_names": [f"c{k}".encode() for k in range(classes)]}
@@ -102,7 +104,8 @@ def write_cifar(root: pathlib.Path, name: str, archive: bool = True, *, n_train=
 
 def write_svhn(root: pathlib.Path, damage=None, extra: bool = False) -> dict:
   """``train_32x32.mat`` etc. as MATLAB v5 files: X (32, 32, 3, N), y (N, 1)
-  in 1..10 where 10 is the digit 0."""
+  in 1..10 where 10 is the digit 0; the test file compressed, as the
+  distributed files are, the others not."""
   root.mkdir(parents=True, exist_ok=True)
   out = {}
   for i, (split, n) in enumerate((("train", 20), ("test", 10), ("extra", 5))):
@@ -117,9 +120,17 @@ def write_svhn(root: pathlib.Path, damage=None, extra: bool = False) -> dict:
     if damage == "label" and split == "test":
       y[2] = 11
     path = root / f"{split}_32x32.mat"
-    scipy.io.savemat(path, {"X": mx, "y": y})
+    # the distributed files are compressed; the others read the plain layout
+    scipy.io.savemat(path, {"X": mx, "y": y}, do_compression=split == "test")
     if damage == "truncated" and split == "train":
       path.write_bytes(path.read_bytes()[:3000])
+    if damage == "element" and split == "train":
+      # X's data element after its name (a small miINT8 element "X") gets a
+      # type MATLAB does not have, which scipy's reader trusts
+      raw = bytearray(path.read_bytes())
+      at = raw.index(b"\x01\x00\x01\x00X\x00\x00\x00") + 8
+      raw[at:at + 4] = (60).to_bytes(4, "little")
+      path.write_bytes(bytes(raw))
     out[split] = (x, digit)
   if damage == "missing":
     (root / "test_32x32.mat").unlink()
@@ -283,6 +294,10 @@ def write_ham10000(root: pathlib.Path, damage=None) -> dict:
       k += 1
   if damage == "unknown_class":
     rows[5] = rows[5].replace(",bcc,", ",melanoma,")
+  if damage == "long_field":  # past Python's csv field limit (131,072 characters)
+    rows[3] = rows[3].replace(",histo,", "," + "x" * 140_000 + ",")
+  if damage == "long_header":
+    rows[0] += "," + "h" * 140_000
   if damage == "missing":
     next((root / "HAM10000_images_part_2").iterdir()).unlink()
   if damage == "truncated":
@@ -351,6 +366,10 @@ def test_cifar10_archive_and_folder(fixtures, cache_root):
   path, expected = fixtures["cifar10"]
   _same(data.load_dataset("cifar10", path=str(path / "cifar-10-python.tar.gz")), expected)
   _same(data.load_dataset("cifar10", data_dir=str(path)), expected)
+  # one batch of the folder named: its folder, as SVHN takes one of its files
+  path, expected = fixtures["cifar10_folder"]
+  batch = next(path.rglob("data_batch_1"))
+  _same(data.load_dataset("cifar10", path=str(batch)), expected)
 
 
 class _Python2Pickler(pickle._Pickler):
@@ -578,10 +597,15 @@ DAMAGED = [
     ("cifar10_hostile_pickle", lambda r, d: write_cifar(r, "cifar10", archive=False,
                                                         damage=d),
      "cifar10", {}, "pickle", "data_batch_1: not a pickled CIFAR batch"),
+    ("cifar10_huge_claim", lambda r, d: write_cifar(r, "cifar10", archive=False, damage=d),
+     "cifar10", {}, "huge_claim", "data_batch_1: not a pickled CIFAR batch (BYTEARRAY8"),
     ("cifar100_unknown_class", lambda r, d: write_cifar(r, "cifar100", damage=d),
      "cifar100", {}, "label", "test: label 100 is not a class"),
     ("svhn_truncated", write_svhn, "svhn", {}, "truncated",
      "train_32x32.mat: damaged or not a MATLAB v5 file"),
+    ("svhn_bad_element", write_svhn, "svhn", {}, "element",
+     "train_32x32.mat: damaged or not a MATLAB v5 file (element at byte 184 has unknown type "
+     "60)"),
     ("svhn_missing", write_svhn, "svhn", {}, "missing", "test_32x32.mat: missing"),
     ("svhn_wrong_shape", write_svhn, "svhn", {}, "shape", "X is uint8[32, 30, 3, 20]"),
     ("svhn_unknown_class", write_svhn, "svhn", {}, "label",
@@ -609,6 +633,10 @@ DAMAGED = [
     ("femnist_missing", write_femnist, "femnist", {}, "missing", "test/*.json: missing"),
     ("ham_unknown_class", write_ham10000, "ham10000", {}, "unknown_class",
      "HAM10000_metadata.csv:6: dx 'melanoma' is not a class"),
+    ("ham_long_header", write_ham10000, "ham10000", {}, "long_header",
+     "HAM10000_metadata.csv:1: not CSV (field larger than field limit"),
+    ("ham_long_field", write_ham10000, "ham10000", {}, "long_field",
+     "HAM10000_metadata.csv:4: not CSV (field larger than field limit"),
     ("ham_missing", write_ham10000, "ham10000", {}, "missing", ".jpg: missing; expected the "
      "image of HAM10000_metadata.csv line"),
     ("ham_truncated", write_ham10000, "ham10000", {"image_size": 8}, "truncated",

@@ -34,6 +34,7 @@ import pickle
 import struct
 import tarfile
 import zlib
+from typing import BinaryIO
 
 import numpy as np
 
@@ -119,12 +120,15 @@ def cifar_expected(name: str) -> str:
 
 
 def locate_cifar(name: str, where: pathlib.Path) -> pathlib.Path | None:
-  """The archive or the batches folder at or directly under ``where``.
+  """The archive or the batches folder at or directly under ``where`` (or
+  the folder of the batch ``where`` names).
 
   An extracted folder wins over an archive beside it (it reads faster).
   """
   c = _CIFAR[name]
-  if where.is_file():
+  if where.is_file() and where.name in c.train + c.test:
+    where = where.parent  # one batch named: its folder, as for SVHN's files
+  elif where.is_file():
     return where
   if not where.is_dir():
     return None
@@ -141,7 +145,8 @@ def _unpickle_batch(data: bytes, where: str, expected: str) -> dict:
   try:
     obj = _ArrayUnpickler(io.BytesIO(data), encoding="bytes").load()
   except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
-          KeyError, AttributeError, struct.error, UnicodeDecodeError) as e:
+          KeyError, AttributeError, struct.error, UnicodeDecodeError, OverflowError,
+          MemoryError, RecursionError) as e:
     raise bad(where, f"not a pickled CIFAR batch ({e or type(e).__name__})",
               expected) from None
   if not isinstance(obj, dict):
@@ -250,6 +255,54 @@ def locate_svhn(where: pathlib.Path) -> pathlib.Path | None:
   return None
 
 
+# MATLAB v5 data types (miINT8 .. miUTF32; 8, 10 and 11 are reserved).
+_MAT_TYPES = frozenset({1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 14, 15, 16, 17, 18})
+_MAT_MATRIX, _MAT_COMPRESSED = 14, 15
+
+
+def mat_element_damage(f: BinaryIO) -> str | None:
+  """What is wrong with the element tags of the MATLAB v5 file ``f``, or None.
+
+  scipy's v5 reader trusts the type and size of an uncompressed element
+  (its docs: not hardened for untrusted input) and can crash the process
+  on a damaged one, where an error line is owed; this walks the tags (and
+  those inside each uncompressed matrix) without reading the data.  A
+  compressed element's inside is zlib's to check.  Leaves ``f`` at 0.
+  """
+  try:
+    head = f.read(128)
+    order = {b"IM": "<", b"MI": ">"}.get(head[126:128])
+    if len(head) < 128 or order is None:
+      return None  # not v5 at all: loadmat says so
+    end = f.seek(0, io.SEEK_END)
+
+    def walk(pos: int, stop: int, depth: int) -> str | None:
+      while stop - pos >= 8:
+        f.seek(pos)
+        word, size = struct.unpack(order + "II", f.read(8))
+        if word >> 16:  # a small element: type and size in one word, data in the other
+          kind, size, step = word & 0xFFFF, word >> 16, 8
+          if size > 4:
+            return f"element at byte {pos} claims {size} bytes in a small element"
+        else:
+          kind = word
+          step = 8 + size + (0 if kind == _MAT_COMPRESSED else -size % 8)
+          if pos + 8 + size > stop:
+            return f"element at byte {pos} claims {size} bytes past its end at {stop}"
+        if kind not in _MAT_TYPES:
+          return f"element at byte {pos} has unknown type {kind}"
+        if kind == _MAT_MATRIX and depth < 16:
+          inner = walk(pos + 8, pos + 8 + size, depth + 1)
+          if inner:
+            return inner
+        pos += step
+      return None
+
+    return walk(128, end, 0)
+  finally:
+    f.seek(0)
+
+
 def _read_mat(path: pathlib.Path, expected: str) -> tuple[np.ndarray, np.ndarray]:
   scipy_io = importlib.import_module("scipy.io")  # scipy ships no type stubs
   try:
@@ -257,6 +310,9 @@ def _read_mat(path: pathlib.Path, expected: str) -> tuple[np.ndarray, np.ndarray
   except OSError as e:
     raise bad(path, f"cannot be read ({e.strerror or e})", expected) from None
   with f:
+    damage = mat_element_damage(f)
+    if damage:
+      raise bad(path, f"damaged or not a MATLAB v5 file ({damage})", expected)
     try:
       m = scipy_io.loadmat(f, variable_names=("X", "y"))
     # loadmat reports damage by the parser's own errors (a short file is an

@@ -261,13 +261,13 @@ def _ham_rows(meta: pathlib.Path) -> list[tuple[int, str, str, str]]:
   text = _read_text(meta, HAM_EXPECTED)
   head = text.split("\n", 1)[0]
   reader = csv.DictReader(io.StringIO(text), delimiter="\t" if "\t" in head else ",")
-  cols = [c.strip().strip('"') for c in (reader.fieldnames or [])]
-  reader.fieldnames = cols
-  lacking = [c for c in ("lesion_id", "image_id", "dx") if c not in cols]
-  if lacking:
-    raise bad(meta, f"lacks the column {lacking[0]!r}", HAM_EXPECTED)
   rows = []
   try:
+    cols = [c.strip().strip('"') for c in (reader.fieldnames or [])]
+    reader.fieldnames = cols
+    lacking = [c for c in ("lesion_id", "image_id", "dx") if c not in cols]
+    if lacking:
+      raise bad(meta, f"lacks the column {lacking[0]!r}", HAM_EXPECTED)
     for row in reader:
       n = reader.line_num
       lesion, image, dx = (str(row.get(k) or "").strip() for k in ("lesion_id", "image_id",
@@ -278,7 +278,8 @@ def _ham_rows(meta: pathlib.Path) -> list[tuple[int, str, str, str]]:
         raise bad(f"{meta}:{n}", f"dx {dx!r} is not a class of the dataset", HAM_EXPECTED)
       rows.append((n, lesion, image, dx))
   except csv.Error as e:
-    raise bad(f"{meta}:{reader.line_num}", f"not CSV ({e})", HAM_EXPECTED) from None
+    # line_num counts the lines read whole; the bad one is the next
+    raise bad(f"{meta}:{reader.line_num + 1}", f"not CSV ({e})", HAM_EXPECTED) from None
   if not rows:
     raise bad(meta, "lists no images", HAM_EXPECTED)
   return rows
