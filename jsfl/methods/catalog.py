@@ -122,7 +122,7 @@ METHODS: dict[str, Entry] = {
         'grouping': Option(str, 'table', "which head a client trains: table = the head of its dominant label's group, client = by client id as the authors' code (client k: head k, G = K; with G < L row k of the table, K = L), algorithm2 = the paper's balanced assignment on the label counts", ('table', 'algorithm2', 'client'), None, False),
     }),
     'mergesfl': Entry('jsfl.methods.mergesfl', {
-        'grad_scale': Option(str, 'client_mean', "cut-layer gradient a client gets back: client_mean = that of its own batch's mean loss (the authors' code: the merged gradient times the step's samples over the client's own), merged = its share of the merged batch's mean loss", ('client_mean', 'merged'), None, False),
+        'grad_scale': Option(str, 'client_mean', "cut-layer gradient a client gets back: client_mean = that of its own batch's mean loss (the merged gradient times the step's samples over the client's own; the authors' code scales by the nominal batch sizes, the same with full batches, and fails on a short one), merged = its share of the merged batch's mean loss", ('client_mean', 'merged'), None, False),
         'part1_copies': Option(int, 10, "part-1 copies per client, used round robin over its batches, only the last one averaged at round end (the authors' code, whose default is 10: with fewer than 10 batches a round that copy never trains); 1 = one part-1 per client", None, '[1, 1000]', False),
     }),
     'multihead': Entry('jsfl.methods.multihead', {
