@@ -13,7 +13,7 @@ checkpoint), and reports per program: rounds reached per cell, seconds a
 round after the first (the records' ``wall_s``: the round program alone),
 training samples per second, the first round (compilation included) and the
 process's seconds.  The cells' records (``config.json``, ``summary.json``,
-``metrics.jsonl.gz``, ``partition.json.gz`` and method artifacts, no
+``metrics.jsonl.gz``, ``partition.json.gz``, ``sessions.jsonl`` and method artifacts, no
 checkpoints) go into one tar beside the JSON, laid out as
 ``<sweep name>/<cell>/`` to unpack under ``experiments/<paper>/results/``,
 where ``jsfl sweep FILE --out-dir ... --collect`` reads them.

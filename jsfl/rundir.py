@@ -7,6 +7,7 @@
     partition.json  per seed: per-client label counts, sizes, dominant labels
     metrics.jsonl   one line per evaluated round and seed (appended, flushed)
     summary.json    Hydra summary over seeds (rewritten atomically)
+    sessions.jsonl  one line per process that trained it: first round, code
     checkpoints/    the last 2 checkpoints, <round>/ (jsfl.checkpoint; orbax)
     .lock           while a process writes the run (RunLock), its pid
 
@@ -311,6 +312,30 @@ class MetricsWriter:
 
   def close(self) -> None:
     self._f.close()
+
+
+def append_jsonl(path: str, record: dict) -> None:
+  """Appends one JSON line to ``path`` and flushes it to disk."""
+  with open(path, "a") as f:
+    f.write(json.dumps(_clean(record)) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def read_jsonl_tail(path: str) -> list[dict]:
+  """The whole lines of a small JSON-lines file, [] when it does not exist
+  (a killed writer's half line is skipped)."""
+  out = []
+  try:
+    with open(path) as f:
+      for line in f:
+        try:
+          out.append(json.loads(line))
+        except json.JSONDecodeError:
+          continue
+  except FileNotFoundError:
+    return []
+  return out
 
 
 def read_metrics(path: str) -> list[dict]:

@@ -29,7 +29,7 @@ from flax import struct
 
 from jsfl import checkpoint, cli, train
 from jsfl.rundir import read_metrics
-from jsfl.train import loop
+from jsfl.train import lifecycle, loop
 from jsfl.train.lifecycle import Progress
 
 # 16 rounds, not fewer: a round of this config takes ~15 ms (plus a
@@ -183,6 +183,39 @@ def test_multisfl_stop_and_crash_in_process(tmp_path, reference, monkeypatch, ca
   monkeypatch.setattr(Progress, "update", update)
   assert cli.main(["run", "--resume", out, "--quiet"]) == 0
   assert_same_run(out, reference("multisfl"))
+  # one line per process, from the round it trained first, all on this code
+  sessions = [json.loads(line) for line in read_text(f"{out}/sessions.jsonl").splitlines()]
+  assert [s["from_round"] for s in sessions] == [1, 4, 7]
+  assert {s["versions"]["jsfl_source"] for s in sessions} == {lifecycle.source_digest()}
+  assert "other jsfl code" not in capsys.readouterr().err
+
+
+def test_a_resume_on_other_code_says_so_and_each_session_names_its_code(tmp_path,
+                                                                        monkeypatch):
+  """The records of a run resumed on changed code are no longer those one
+  code writes bit for bit (a changed rounding moves every seed): the resume
+  says so in one note, and sessions.jsonl names each process's code; a run
+  from before the digest, a restart from round 1 and the same code say
+  nothing."""
+  out = tmp_path / "r"
+  out.mkdir()
+  versions = {**lifecycle.versions(), "jsfl_source": "0123456789ab"}
+  (out / "config.json").write_text(json.dumps({"config": {}, "versions": versions}))
+  note = lifecycle.note_session(str(out), 9, True)
+  assert note.startswith("jsfl: note: resuming at round 9 on other jsfl code than the "
+                         "session from round 1 ran (source 0123456789ab -> "
+                         f"{lifecycle.source_digest()})")
+  assert lifecycle.note_session(str(out), 13, True) is None  # the last session's code
+  monkeypatch.setattr(lifecycle, "source_digest", lambda: "ba9876543210")
+  assert "session from round 13 ran" in lifecycle.note_session(str(out), 17, True)
+  assert lifecycle.note_session(str(out), 1, True) is None
+  lines = [json.loads(x) for x in (out / "sessions.jsonl").read_text().splitlines()]
+  assert [x["from_round"] for x in lines] == [9, 13, 17, 1]
+  assert lines[2]["versions"]["jsfl_source"] == "ba9876543210"
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / "config.json").write_text(json.dumps({"config": {}, "versions": {"jsfl": "0.1.0"}}))
+  assert lifecycle.note_session(str(old), 5, True) is None
 
 
 def test_a_sigterm_while_the_run_starts_stops_it_before_round_1(tmp_path, reference,

@@ -30,7 +30,7 @@ def test_synthetic_run_writes_the_run_directory(tmp_path, capsys):
                       "method.order=cyclic", "partition.name=dominant_label", "partition.p=0.8")
   assert code == 0
   assert sorted(os.listdir(out)) == ["checkpoints", "config.json", "metrics.jsonl",
-                                     "partition.json", "summary.json"]
+                                     "partition.json", "sessions.jsonl", "summary.json"]
   recs = read_metrics(f"{out}/metrics.jsonl")
   assert [(r["round"], r["seed"]) for r in recs] == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
   for r in recs:

@@ -64,7 +64,8 @@ def test_gpu_script_smoke(tmp_path, part):
       names = sorted(tar.getnames())
     cell_dir = "fashion_mnist/method=fedseq,partition.alpha=0.5"
     assert names == [f"{cell_dir}/{f}" for f in (".done", "config.json", "metrics.jsonl.gz",
-                                                 "partition.json.gz", "summary.json")], names
+                                                 "partition.json.gz", "sessions.jsonl",
+                                                 "summary.json")], names
   if part == "fill":  # every cell traced one more round, its trace kept and read
     (res,) = [json.loads(p.read_text()) for p in tmp_path.glob("fill-cpu-*.json")]
     assert {r["lowering"] for r in res["rows"]} == {"old", "bf16", "graphs"}

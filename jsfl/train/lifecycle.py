@@ -3,6 +3,8 @@ stop it after a round, divergence, and resuming it from a checkpoint."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import signal
@@ -27,8 +29,65 @@ CELL_ARTIFACTS = "cells"  # a program of several cells: <run dir>/cells/<cell>/<
 def versions() -> dict:
   import flax
   import optax
-  return {"jsfl": __version__, "jax": jax.__version__, "flax": flax.__version__,
-          "optax": optax.__version__, "python": sys.version.split()[0]}
+  return {"jsfl": __version__, "jsfl_source": source_digest(), "jax": jax.__version__,
+          "flax": flax.__version__, "optax": optax.__version__,
+          "python": sys.version.split()[0]}
+
+
+@functools.cache
+def source_digest() -> str:
+  """12 hex digits of SHA-256 over jsfl's Python sources (relative paths and
+  bytes, in path order): a version number stays while the code under it
+  changes, and a change as small as a multiply fused with an add sends a
+  run's seeds on other trajectories, so a run's records are bit for bit
+  those of the code that wrote them, and this names that code."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  h = hashlib.sha256()
+  for d, dirs, files in sorted(os.walk(root)):
+    dirs.sort()
+    for name in sorted(f for f in files if f.endswith(".py")):
+      path = os.path.join(d, name)
+      h.update(os.path.relpath(path, root).encode() + b"\0")
+      with open(path, "rb") as f:
+        h.update(f.read() + b"\0")
+  return h.hexdigest()[:12]
+
+
+SESSIONS = "sessions.jsonl"
+
+
+def note_session(out: str, first_round: int, resumed: bool) -> str | None:
+  """Appends this process's line to ``out/sessions.jsonl`` (the round it
+  trains first, 1-based, its versions with ``jsfl_source``, its device and
+  time) and returns a note when a resumed run continues on other code than
+  its previous session's (or its start's, in ``config.json``), whose records
+  it then extends with records that code would not have written; None
+  otherwise, and for a run whose earlier code is unrecorded."""
+  now = versions()
+  before = None
+  path = os.path.join(out, SESSIONS)
+  if resumed:
+    lines = rundir.read_jsonl_tail(path)
+    if lines:
+      before = lines[-1]
+    else:
+      try:
+        with open(os.path.join(out, "config.json")) as f:
+          before = {"from_round": 1, "versions": json.load(f).get("versions", {})}
+      except (OSError, ValueError):
+        before = None
+  rundir.append_jsonl(path, {"from_round": first_round, "versions": now,
+                             "device": device_kind(),
+                             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+  if before is None or first_round == 1:  # round 1 again: every record is this code's
+    return None
+  was = (before.get("versions") or {}).get("jsfl_source")
+  if was is None or was == now["jsfl_source"]:
+    return None
+  return (f"jsfl: note: resuming at round {first_round} on other jsfl code than the "
+          f"session from round {before.get('from_round')} ran (source {was} -> "
+          f"{now['jsfl_source']}): the records from here on are not those that code "
+          f"would write bit for bit ({SESSIONS} lists each session's code)")
 
 
 def device_kind() -> str:

@@ -30,6 +30,7 @@ from jsfl.train.lifecycle import (
   diverged_error,
   finished,
   holds_nothing,
+  note_session,
   read_run_config,
   write_run_files,
 )
@@ -154,6 +155,10 @@ def train(cfg: dict, exp: Experiment, out: str, resume: str | None, writes: bool
       print(f"jsfl: stopped before round {t.start + 1}; {then}", file=sys.stderr, flush=True)
     raise Stopped(stop.signum, t.start, out)
   stop.watch(signal.SIGINT)
+  if writes:
+    note = note_session(out, t.start + 1, resume is not None)
+    if note:
+      print(note, file=sys.stderr, flush=True)
   writer = rundir.MetricsWriter(f"{out}/metrics.jsonl") if writes else rundir.NullWriter()
   bar = Progress(R, c.exec.progress and writes)
   trackers = make_trackers(cfg, exp, out, t.start, writes)
@@ -224,9 +229,10 @@ def resume(run_dir: str, *, progress: bool | None = None) -> str:
   the newest checkpoint (:mod:`jsfl.checkpoint` says what it holds and why
   that suffices), drops ``metrics.jsonl`` records of later rounds and trains
   the remaining rounds into the same directory; the result equals an
-  uninterrupted run's bit for bit (except ``wall_s``) on the same machine
-  and versions.  Without a checkpoint the run starts again from round 0.  A
-  finished run is left as it is.
+  uninterrupted run's bit for bit (except ``wall_s``) on the same machine,
+  versions and code (``jsfl_source``; a resume on other code says so).
+  Without a checkpoint the run starts again from round 0.  A finished run
+  is left as it is.
 
   Args:
     run_dir: a directory ``jsfl run`` wrote.
