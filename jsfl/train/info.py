@@ -51,7 +51,8 @@ def machine_lines() -> list[str]:
   devs = jax.devices()
   host = _host_memory()
   lines = [
-      f"jsfl {v['jsfl']}  jax {v['jax']}  jaxlib {jaxlib.__version__}  flax {v['flax']}  "
+      f"jsfl {v['jsfl']} (source {v['jsfl_source']})  jax {v['jax']}  "
+      f"jaxlib {jaxlib.__version__}  flax {v['flax']}  "
       f"optax {v['optax']}  orbax-checkpoint {getattr(ocp, '__version__', '?')}  "
       f"python {v['python']}",
       f"backend: {jax.default_backend()}  ({jax.device_count()} device"
