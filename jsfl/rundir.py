@@ -322,7 +322,7 @@ def append_jsonl(path: str, record: dict) -> None:
     os.fsync(f.fileno())
 
 
-def read_jsonl_tail(path: str) -> list[dict]:
+def read_jsonl(path: str) -> list[dict]:
   """The whole lines of a small JSON-lines file, [] when it does not exist
   (a killed writer's half line is skipped)."""
   out = []

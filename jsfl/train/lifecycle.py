@@ -67,15 +67,12 @@ def note_session(out: str, first_round: int, resumed: bool) -> str | None:
   before = None
   path = os.path.join(out, SESSIONS)
   if resumed:
-    lines = rundir.read_jsonl_tail(path)
+    lines = rundir.read_jsonl(path)
     if lines:
       before = lines[-1]
-    else:
-      try:
-        with open(os.path.join(out, "config.json")) as f:
-          before = {"from_round": 1, "versions": json.load(f).get("versions", {})}
-      except (OSError, ValueError):
-        before = None
+    else:  # a run from before sessions.jsonl: its start's code, if recorded
+      with open(os.path.join(out, "config.json")) as f:
+        before = {"from_round": 1, "versions": json.load(f).get("versions", {})}
   rundir.append_jsonl(path, {"from_round": first_round, "versions": now,
                              "device": device_kind(),
                              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
