@@ -7,7 +7,7 @@
     partition.json  per seed: per-client label counts, sizes, dominant labels
     metrics.jsonl   one line per evaluated round and seed (appended, flushed)
     summary.json    Hydra summary over seeds (rewritten atomically)
-    sessions.jsonl  one line per process that trained it: first round, code
+    sessions.jsonl  one line per session that trained it: first round, code
     checkpoints/    the last 2 checkpoints, <round>/ (jsfl.checkpoint; orbax)
     .lock           while a process writes the run (RunLock), its pid
 
@@ -312,6 +312,9 @@ class MetricsWriter:
 
   def close(self) -> None:
     self._f.close()
+
+
+SESSIONS = "sessions.jsonl"  # one line per session that trained the run
 
 
 def append_jsonl(path: str, record: dict) -> None:

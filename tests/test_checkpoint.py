@@ -212,6 +212,15 @@ def test_a_resume_on_other_code_says_so_and_each_session_names_its_code(tmp_path
   lines = [json.loads(x) for x in (out / "sessions.jsonl").read_text().splitlines()]
   assert [x["from_round"] for x in lines] == [9, 13, 17, 1]
   assert lines[2]["versions"]["jsfl_source"] == "ba9876543210"
+  # A session killed before its first checkpoint (the one from 17) is
+  # replaced by the next from the same round: that one is compared with the
+  # session that wrote round 16, whose code it runs again.
+  monkeypatch.setattr(lifecycle, "source_digest", lambda: "fedcba987654")
+  (out / "sessions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines[:3]))
+  assert "session from round 13 ran (source" in lifecycle.note_session(str(out), 17, True)
+  monkeypatch.undo()  # this code again
+  (out / "sessions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines[:3]))
+  assert lifecycle.note_session(str(out), 17, True) is None
   old = tmp_path / "old"
   old.mkdir()
   (old / "config.json").write_text(json.dumps({"config": {}, "versions": {"jsfl": "0.1.0"}}))

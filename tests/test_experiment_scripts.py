@@ -75,6 +75,11 @@ def test_a_branch_without_changes_retrains_the_rounds_the_run_trained(tmp_path):
     with open(os.path.join(d, "config.json")) as f:
       return json.load(f)["run_id"]
   assert run_id(branch) != run_id(run)
+
+  def sessions(d):  # which code wrote which rounds: the run's session, then the branch's
+    with open(os.path.join(d, "sessions.jsonl")) as f:
+      return [json.loads(line)["from_round"] for line in f]
+  assert sessions(run) == [1] and sessions(branch) == [1, 3]
   p = subprocess.run([sys.executable, script, "compare", branch, run, "--from", "2"],
                      capture_output=True, text=True, check=False)
   assert p.returncode == 0, p.stderr

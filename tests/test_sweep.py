@@ -420,6 +420,9 @@ def test_cells_of_one_program_equal_single_runs(tmp_path, monkeypatch):
   assert meta["config"]["run"]["dir"] == cell.dir and meta["resolved"]["seeds"] == [2, 3]
   assert meta["batched_with"]["cells"] == ["run.seed=0"] and meta["batched_with"]["slots"] == 4
   assert "cells" not in meta
+  # the program's sessions: which code wrote the cell's rounds
+  (session,) = [json.loads(x) for x in open(f"{cell.dir}/sessions.jsonl")]
+  assert session["from_round"] == 1 and "jsfl_source" in session["versions"]
   assert sweep.config_diff(cell.dir, load(f"{single}/config.json")["config"]) == []
   assert all(sweep.status(c) == "done" for c in sw.cells)
 

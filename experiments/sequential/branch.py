@@ -36,6 +36,8 @@ import statistics
 import sys
 import uuid
 
+from jsfl import rundir
+
 
 def _fail(line: str) -> None:
   print(f"branch.py: {line}", file=sys.stderr)
@@ -89,8 +91,12 @@ def make(args) -> None:
   with open(os.path.join(src, "metrics.jsonl")) as f, \
       open(os.path.join(dst, "metrics.jsonl"), "w") as g:
     g.writelines(line for line in f if json.loads(line)["round"] <= at)
-  with open(os.path.join(dst, "config.json"), "w") as f:
-    json.dump(stored, f, indent=1)
+  sessions = os.path.join(src, rundir.SESSIONS)
+  if os.path.isfile(sessions):  # which code wrote the rounds it keeps
+    with open(os.path.join(dst, rundir.SESSIONS), "w") as f:
+      f.writelines(json.dumps(x) + "\n" for x in rundir.read_jsonl(sessions)
+                   if x["from_round"] <= at)
+  rundir.write_json_atomic(os.path.join(dst, "config.json"), stored)
   print(f"{dst}: round {at} of {src}; now: jsfl run --resume {dst}")
 
 

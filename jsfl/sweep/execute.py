@@ -99,6 +99,9 @@ def split_batch(unit: Unit) -> list[str]:
         shutil.copytree(os.path.join(art, n), os.path.join(tmp, n))
       else:
         shutil.copyfile(os.path.join(art, n), os.path.join(tmp, n))
+    sessions = os.path.join(src, rundir.SESSIONS)
+    if os.path.isfile(sessions):  # the program's code is every cell's
+      shutil.copyfile(sessions, os.path.join(tmp, rundir.SESSIONS))
     cell_step_confusion(src, tmp, cell.name)  # run.step_confusion's matrices, its slots
     if os.path.isdir(os.path.join(src, train.PROFILE_DIR)):  # one trace of all the cells
       shutil.copytree(os.path.join(src, train.PROFILE_DIR), os.path.join(tmp, train.PROFILE_DIR))

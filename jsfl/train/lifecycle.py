@@ -43,8 +43,7 @@ def source_digest() -> str:
   those of the code that wrote them, and this names that code."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   h = hashlib.sha256()
-  for d, dirs, files in sorted(os.walk(root)):
-    dirs.sort()
+  for d, _, files in sorted(os.walk(root)):
     for name in sorted(f for f in files if f.endswith(".py")):
       path = os.path.join(d, name)
       h.update(os.path.relpath(path, root).encode() + b"\0")
@@ -53,11 +52,11 @@ def source_digest() -> str:
   return h.hexdigest()[:12]
 
 
-SESSIONS = "sessions.jsonl"
+SESSIONS = rundir.SESSIONS
 
 
 def note_session(out: str, first_round: int, resumed: bool) -> str | None:
-  """Appends this process's line to ``out/sessions.jsonl`` (the round it
+  """Appends this session's line to ``out/sessions.jsonl`` (the round it
   trains first, 1-based, its versions with ``jsfl_source``, its device and
   time) and returns a note when a resumed run continues on other code than
   its previous session's (or its start's, in ``config.json``), whose records
@@ -67,7 +66,9 @@ def note_session(out: str, first_round: int, resumed: bool) -> str | None:
   before = None
   path = os.path.join(out, SESSIONS)
   if resumed:
-    lines = rundir.read_jsonl(path)
+    # the session that wrote round first_round - 1: a later line is one that
+    # was killed before its first checkpoint, whose records this one replaces
+    lines = [x for x in rundir.read_jsonl(path) if x.get("from_round", 0) < first_round]
     if lines:
       before = lines[-1]
     else:  # a run from before sessions.jsonl: its start's code, if recorded
