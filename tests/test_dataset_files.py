@@ -124,6 +124,10 @@ def write_svhn(root: pathlib.Path, damage=None, extra: bool = False) -> dict:
     scipy.io.savemat(path, {"X": mx, "y": y}, do_compression=split == "test")
     if damage == "truncated" and split == "train":
       path.write_bytes(path.read_bytes()[:3000])
+    if damage == "complex" and split == "train":  # X's array flags (byte 145) say complex
+      raw = bytearray(path.read_bytes())
+      raw[145] |= 0x08
+      path.write_bytes(bytes(raw))
     if damage == "element" and split == "train":
       # X's data element after its name (a small miINT8 element "X") gets a
       # type MATLAB does not have, which scipy's reader trusts
@@ -604,8 +608,11 @@ DAMAGED = [
     ("svhn_truncated", write_svhn, "svhn", {}, "truncated",
      "train_32x32.mat: damaged or not a MATLAB v5 file"),
     ("svhn_bad_element", write_svhn, "svhn", {}, "element",
-     "train_32x32.mat: damaged or not a MATLAB v5 file (element at byte 184 has unknown type "
-     "60)"),
+     "train_32x32.mat: damaged or not a MATLAB v5 file (element at byte 184 has type 60 "
+     "inside a numeric matrix)"),
+    ("svhn_complex", write_svhn, "svhn", {}, "complex",
+     "train_32x32.mat: damaged or not a MATLAB v5 file (matrix at byte 128 is of class 9 "
+     "(complex); expected a real numeric array)"),
     ("svhn_missing", write_svhn, "svhn", {}, "missing", "test_32x32.mat: missing"),
     ("svhn_wrong_shape", write_svhn, "svhn", {}, "shape", "X is uint8[32, 30, 3, 20]"),
     ("svhn_unknown_class", write_svhn, "svhn", {}, "label",

@@ -142,6 +142,8 @@ def locate_cifar(name: str, where: pathlib.Path) -> pathlib.Path | None:
 
 
 def _unpickle_batch(data: bytes, where: str, expected: str) -> dict:
+  # A batch is ~31 MB already in memory; a MemoryError or OverflowError
+  # unpickling it comes from a length field claiming far more than the file.
   try:
     obj = _ArrayUnpickler(io.BytesIO(data), encoding="bytes").load()
   except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
@@ -258,47 +260,76 @@ def locate_svhn(where: pathlib.Path) -> pathlib.Path | None:
 # MATLAB v5 data types (miINT8 .. miUTF32; 8, 10 and 11 are reserved).
 _MAT_TYPES = frozenset({1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 14, 15, 16, 17, 18})
 _MAT_MATRIX, _MAT_COMPRESSED = 14, 15
+_MAT_NUMERIC = (6, 15)  # mxDOUBLE_CLASS .. mxUINT64_CLASS
 
 
 def mat_element_damage(f: BinaryIO) -> str | None:
-  """What is wrong with the element tags of the MATLAB v5 file ``f``, or None.
+  """Why the MATLAB v5 file ``f`` is not one of whole elements holding real
+  numeric arrays (SVHN's X and y), or None.
 
-  scipy's v5 reader trusts the type and size of an uncompressed element
-  (its docs: not hardened for untrusted input) and can crash the process
-  on a damaged one, where an error line is owed; this walks the tags (and
-  those inside each uncompressed matrix) without reading the data.  A
-  compressed element's inside is zlib's to check.  Leaves ``f`` at 0.
+  scipy's v5 reader trusts an uncompressed element's type and size and a
+  matrix's class and complex flag (its docs: not hardened for untrusted
+  input), and can crash the process on a damaged one, where an error line
+  is owed; this walks the tags, and each uncompressed matrix's flags and
+  elements, without reading the data.  A compressed element's inside is
+  zlib's to check; a file that is not v5 (v7.3 is HDF5) is loadmat's to
+  name.  Leaves ``f`` at 0.
   """
   try:
     head = f.read(128)
     order = {b"IM": "<", b"MI": ">"}.get(head[126:128])
-    if len(head) < 128 or order is None:
-      return None  # not v5 at all: loadmat says so
+    if len(head) < 128 or order is None or struct.unpack(order + "H", head[124:126])[0] != 0x0100:
+      return None
     end = f.seek(0, io.SEEK_END)
 
-    def walk(pos: int, stop: int, depth: int) -> str | None:
-      while stop - pos >= 8:
-        f.seek(pos)
-        word, size = struct.unpack(order + "II", f.read(8))
-        if word >> 16:  # a small element: type and size in one word, data in the other
-          kind, size, step = word & 0xFFFF, word >> 16, 8
-          if size > 4:
-            return f"element at byte {pos} claims {size} bytes in a small element"
-        else:
-          kind = word
-          step = 8 + size + (0 if kind == _MAT_COMPRESSED else -size % 8)
-          if pos + 8 + size > stop:
-            return f"element at byte {pos} claims {size} bytes past its end at {stop}"
-        if kind not in _MAT_TYPES:
-          return f"element at byte {pos} has unknown type {kind}"
-        if kind == _MAT_MATRIX and depth < 16:
-          inner = walk(pos + 8, pos + 8 + size, depth + 1)
-          if inner:
-            return inner
-        pos += step
+    def tag(pos: int) -> tuple[int, int, int, int]:
+      """Type, size, bytes held (tag included) and bytes to the next element
+      of the element at ``pos``."""
+      f.seek(pos)
+      word, size = struct.unpack(order + "II", f.read(8))
+      if word >> 16:  # a small element: type and size in one word, data in the other
+        return word & 0xFFFF, word >> 16, 8, 8
+      return word, size, 8 + size, 8 + size + (0 if word == _MAT_COMPRESSED else -size % 8)
+
+    def flags(pos: int) -> str | None:
+      """The array flags opening the matrix at ``pos``: a real numeric class."""
+      kind, size, _, _ = tag(pos + 8)
+      if kind != 6 or size != 8:  # miUINT32, two words
+        return f"matrix at byte {pos} opens with no array flags"
+      f.seek(pos + 16)
+      word = struct.unpack(order + "I", f.read(4))[0]
+      cls, complex_ = word & 0xFF, word & 0x0800
+      if not _MAT_NUMERIC[0] <= cls <= _MAT_NUMERIC[1] or complex_:
+        return (f"matrix at byte {pos} is of class {cls}{' (complex)' * bool(complex_)}; "
+                "expected a real numeric array")
       return None
 
-    return walk(128, end, 0)
+    pos = 128
+    while end - pos >= 8:
+      kind, size, held, step = tag(pos)
+      if kind not in _MAT_TYPES:
+        return f"element at byte {pos} has unknown type {kind}"
+      if held == 8 and size > 4:
+        return f"element at byte {pos} claims {size} bytes in a small element"
+      if pos + held > end:
+        return f"element at byte {pos} claims {size} bytes past the end at {end}"
+      if kind == _MAT_MATRIX:
+        bad_flags = flags(pos)
+        if bad_flags:
+          return bad_flags
+        inner, stop = pos + 8, pos + 8 + size
+        while stop - inner >= 8:  # flags, dimensions, name, the real part
+          sub, sub_size, sub_held, sub_step = tag(inner)
+          if sub not in _MAT_TYPES or sub in (_MAT_MATRIX, _MAT_COMPRESSED):
+            return f"element at byte {inner} has type {sub} inside a numeric matrix"
+          if sub_held == 8 and sub_size > 4:
+            return f"element at byte {inner} claims {sub_size} bytes in a small element"
+          if inner + sub_held > stop:
+            return (f"element at byte {inner} claims {sub_size} bytes past its matrix's "
+                    f"end at {stop}")
+          inner += sub_step
+      pos += step
+    return None
   finally:
     f.seek(0)
 
