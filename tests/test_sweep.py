@@ -881,6 +881,17 @@ def test_config_diff_leaves_out_how_evaluation_is_lowered_and_chunked(tmp_path):
   assert sweep.config_diff(str(run), cfg) == ["optim.lr"]
 
 
+def stored_before(tmp_path, cfg: dict, section: str, key: str):
+  """A run directory whose config.json is ``cfg`` written before
+  ``section.key`` existed (the key left out)."""
+  old = json.loads(json.dumps(cfg))
+  del old[section][key]
+  run = tmp_path / "cell"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"config": old}))
+  return run
+
+
 @pytest.mark.parametrize("model,ran", [("mobilenet_v1", "same"), ("resnet18", "same"),
                                        ("small_cnn", "torch")])
 def test_a_config_from_before_model_padding_is_read_as_it_ran(tmp_path, model, ran):
@@ -891,17 +902,12 @@ def test_a_config_from_before_model_padding_is_read_as_it_ran(tmp_path, model, r
   from jsfl import config as config_lib
   from jsfl.train import lifecycle
   cfg = config_lib.load_config(None, [f"model.name={model}"])
-  old = json.loads(json.dumps(cfg))
-  del old["model"]["padding"]
-  run = tmp_path / "cell"
-  run.mkdir()
-  (run / "config.json").write_text(json.dumps({"config": old}))
+  run = stored_before(tmp_path, cfg, "model", "padding")
   assert sweep.config_diff(str(run), cfg) == ([] if ran == "torch" else ["model.padding"])
   cfg["model"]["padding"] = "same"
   assert sweep.config_diff(str(run), cfg) == []  # the same function either way
   resumed, _ = lifecycle.read_run_config(str(run), None)
   assert resumed["model"]["padding"] == ran
-  assert "padding" not in old["model"]  # read, not rewritten
   assert "padding" not in json.loads((run / "config.json").read_text())["config"]["model"]
 
 
@@ -911,11 +917,7 @@ def test_a_config_from_before_optim_clip_norm_clipped_nothing(tmp_path):
   from jsfl import config as config_lib
   from jsfl.train import lifecycle
   cfg = config_lib.load_config(None, ["optim.clip_norm=50.0"])
-  old = json.loads(json.dumps(cfg))
-  del old["optim"]["clip_norm"]
-  run = tmp_path / "cell"
-  run.mkdir()
-  (run / "config.json").write_text(json.dumps({"config": old}))
+  run = stored_before(tmp_path, cfg, "optim", "clip_norm")
   assert sweep.config_diff(str(run), cfg) == ["optim.clip_norm"]
   cfg["optim"]["clip_norm"] = 0.0
   assert sweep.config_diff(str(run), cfg) == []
@@ -932,11 +934,7 @@ def test_a_self_balancing_dirichlet_from_before_cap_rule_capped_above_the_share(
   from jsfl.train import lifecycle
   cfg = config_lib.load_config(None, ["partition.name=dirichlet", "partition.self_balancing=true"])
   assert cfg["partition"]["cap_rule"] == "reached"
-  old = json.loads(json.dumps(cfg))
-  del old["partition"]["cap_rule"]
-  run = tmp_path / "cell"
-  run.mkdir()
-  (run / "config.json").write_text(json.dumps({"config": old}))
+  run = stored_before(tmp_path, cfg, "partition", "cap_rule")
   assert sweep.config_diff(str(run), cfg) == ["partition.cap_rule"]
   resumed, _ = lifecycle.read_run_config(str(run), None)
   assert resumed["partition"]["cap_rule"] == "exceeded"
