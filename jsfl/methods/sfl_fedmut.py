@@ -138,7 +138,9 @@ def finish(setup: Setup, state: State, out: split.SplitRound):
   """SFL's next state (remembering the start's part-1) and metrics plus
   ``mutation_beta`` and ``mutation_norm``."""
   new, metrics = sfl_family.finish(state, out, prev_part1=state.part1)
-  metrics["mutation_beta"] = mutation_beta(out.plan.options, jnp.maximum(state.round - 1, 0))
+  # round 1 has no update to mutate along: every start is the global model
+  metrics["mutation_beta"] = jnp.where(
+      state.round > 0, mutation_beta(out.plan.options, jnp.maximum(state.round - 1, 0)), 0.0)
   metrics["mutation_norm"] = jnp.sqrt(sum(
       jnp.sum((w - p) ** 2) for w, p in zip(jax.tree.leaves(state.part1),
                                             jax.tree.leaves(state.prev_part1), strict=True)))
