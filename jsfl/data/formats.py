@@ -291,8 +291,11 @@ def mat_element_damage(f: BinaryIO) -> str | None:
         return word & 0xFFFF, word >> 16, 8, 8
       return word, size, 8 + size, 8 + size + (0 if word == _MAT_COMPRESSED else -size % 8)
 
-    def flags(pos: int) -> str | None:
-      """The array flags opening the matrix at ``pos``: a real numeric class."""
+    def flags(pos: int, size: int) -> str | None:
+      """The array flags opening the matrix at ``pos`` of ``size`` bytes: a
+      real numeric class."""
+      if size < 16:  # the flags' tag and their two words: inside the matrix
+        return f"matrix at byte {pos} holds {size} bytes, too few for its array flags"
       kind, size, _, _ = tag(pos + 8)
       if kind != 6 or size != 8:  # miUINT32, two words
         return f"matrix at byte {pos} opens with no array flags"
@@ -314,7 +317,7 @@ def mat_element_damage(f: BinaryIO) -> str | None:
       if pos + held > end:
         return f"element at byte {pos} claims {size} bytes past the end at {end}"
       if kind == _MAT_MATRIX:
-        bad_flags = flags(pos)
+        bad_flags = flags(pos, size)
         if bad_flags:
           return bad_flags
         inner, stop = pos + 8, pos + 8 + size
