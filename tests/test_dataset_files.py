@@ -783,3 +783,29 @@ def test_run_partition_and_info_on_each(name, fixtures, cache_root, tmp_path, ca
   assert table[0].startswith("client") and len(table) == 3
   assert cli.main(["info", f"dataset.name={name}", f"dataset.path={path}", "--no-compile"]) == 0
   assert f"on {name}," in capsys.readouterr().out
+
+
+def test_the_mat_walk_never_raises_on_a_damaged_file():
+  """The check before scipy's reader names damage and raises nothing itself:
+  every truncation of a file, a matrix too short for its flags, and random
+  byte changes (none of which may crash it either)."""
+  import random
+  import struct
+
+  from jsfl.data import formats
+  buf = io.BytesIO()
+  scipy.io.savemat(buf, {"X": _pixels(2, 32, 32, seed=1).transpose(1, 2, 3, 0),
+                         "y": np.ones((2, 1), np.uint8)})
+  base = buf.getvalue()
+  assert formats.mat_element_damage(io.BytesIO(base)) is None
+  for n in range(128, len(base), 5):
+    formats.mat_element_damage(io.BytesIO(base[:n]))
+  short = base[:128] + struct.pack("<II", 14, 8) + bytes(8)
+  assert formats.mat_element_damage(io.BytesIO(short)) == (
+      "matrix at byte 128 holds 8 bytes, too few for its array flags")
+  rng = random.Random(0)
+  for _ in range(500):
+    raw = bytearray(base)
+    for _ in range(rng.randint(1, 3)):
+      raw[rng.randrange(120, len(raw))] = rng.randrange(256)
+    formats.mat_element_damage(io.BytesIO(bytes(raw)))
