@@ -307,32 +307,33 @@ def mat_element_damage(f: BinaryIO) -> str | None:
                 "expected a real numeric array")
       return None
 
-    pos = 128
-    while end - pos >= 8:
+    def damage(pos: int, stop: int, inside: bool) -> tuple[str | None, int]:
+      """What is wrong with the element at ``pos`` within ``stop`` (inside
+      a numeric matrix, or at the top), and the bytes to the next."""
       kind, size, held, step = tag(pos)
-      if kind not in _MAT_TYPES:
-        return f"element at byte {pos} has unknown type {kind}"
+      if kind not in _MAT_TYPES or (inside and kind in (_MAT_MATRIX, _MAT_COMPRESSED)):
+        what = "type {} inside a numeric matrix" if inside else "unknown type {}"
+        return f"element at byte {pos} has {what.format(kind)}", step
       if held == 8 and size > 4:
-        return f"element at byte {pos} claims {size} bytes in a small element"
-      if pos + held > end:
-        return f"element at byte {pos} claims {size} bytes past the end at {end}"
+        return f"element at byte {pos} claims {size} bytes in a small element", step
+      if pos + held > stop:
+        whose = "its matrix's end" if inside else "the end"
+        return f"element at byte {pos} claims {size} bytes past {whose} at {stop}", step
       if kind == _MAT_MATRIX:
-        bad_flags = flags(pos, size)
-        if bad_flags:
-          return bad_flags
-        inner, stop = pos + 8, pos + 8 + size
-        while stop - inner >= 8:  # flags, dimensions, name, the real part
-          sub, sub_size, sub_held, sub_step = tag(inner)
-          if sub not in _MAT_TYPES or sub in (_MAT_MATRIX, _MAT_COMPRESSED):
-            return f"element at byte {inner} has type {sub} inside a numeric matrix"
-          if sub_held == 8 and sub_size > 4:
-            return f"element at byte {inner} claims {sub_size} bytes in a small element"
-          if inner + sub_held > stop:
-            return (f"element at byte {inner} claims {sub_size} bytes past its matrix's "
-                    f"end at {stop}")
-          inner += sub_step
-      pos += step
-    return None
+        return flags(pos, size) or walk(pos + 8, pos + 8 + size, True), step
+      return None, step
+
+    def walk(pos: int, stop: int, inside: bool) -> str | None:
+      """The first damage among the elements from ``pos`` to ``stop``; a
+      numeric matrix holds flags, dimensions, name and the real part."""
+      while stop - pos >= 8:
+        bad, step = damage(pos, stop, inside)
+        if bad:
+          return bad
+        pos += step
+      return None
+
+    return walk(128, end, False)
   finally:
     f.seek(0)
 

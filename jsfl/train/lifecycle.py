@@ -52,19 +52,17 @@ def source_digest() -> str:
   return h.hexdigest()[:12]
 
 
-SESSIONS = rundir.SESSIONS
-
-
 def note_session(out: str, first_round: int, resumed: bool) -> str | None:
-  """Appends this session's line to ``out/sessions.jsonl`` (the round it
-  trains first, 1-based, its versions with ``jsfl_source``, its device and
-  time) and returns a note when a resumed run continues on other code than
-  its previous session's (or its start's, in ``config.json``), whose records
+  """Appends a line for this process's training of the run (a session: a
+  start or a resume) to ``out/sessions.jsonl``: the round it trains first,
+  1-based, its versions with ``jsfl_source``, its device and time.  Returns
+  a note when a resumed run continues on other code than the session that
+  wrote the round before (or its start, in ``config.json``), whose records
   it then extends with records that code would not have written; None
   otherwise, and for a run whose earlier code is unrecorded."""
   now = versions()
   before = None
-  path = os.path.join(out, SESSIONS)
+  path = os.path.join(out, rundir.SESSIONS)
   if resumed:
     # the session that wrote round first_round - 1: a later line is one that
     # was killed before its first checkpoint, whose records this one replaces
@@ -85,7 +83,7 @@ def note_session(out: str, first_round: int, resumed: bool) -> str | None:
   return (f"jsfl: note: resuming at round {first_round} on other jsfl code than the "
           f"session from round {before.get('from_round')} ran (source {was} -> "
           f"{now['jsfl_source']}): the records from here on are not those that code "
-          f"would write bit for bit ({SESSIONS} lists each session's code)")
+          f"would write bit for bit ({rundir.SESSIONS} lists each session's code)")
 
 
 def device_kind() -> str:
